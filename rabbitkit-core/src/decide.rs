@@ -1,0 +1,399 @@
+//! The settlement decision: outcome + delivery + policy → what to do with the original.
+//!
+//! Pure code, shared by the runtime and the broker-free test kit, so a handler test that
+//! passes means production settles the same way.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+
+use crate::delivery::Delivery;
+use crate::envelope::Envelope;
+use crate::headers;
+use crate::names;
+use crate::outcome::{Classify, ErrorClass, Failure, Outcome};
+use crate::policy::{AckPolicy, ManualFallback};
+use crate::retry::{self, RetryPolicy, RetryStep};
+
+/// What a subscriber's settlement depends on.
+#[derive(Clone)]
+pub struct SettleSpec {
+    /// The work queue.
+    pub queue: Arc<str>,
+    /// The handler name (written to evidence headers).
+    pub handler: Arc<str>,
+    /// The retry schedule.
+    pub retry: RetryPolicy,
+    /// The error classifier.
+    pub classifier: Arc<dyn Classify>,
+    /// The ack policy.
+    pub policy: AckPolicy,
+    /// The manual-mode fallback.
+    pub fallback: ManualFallback,
+}
+
+impl std::fmt::Debug for SettleSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SettleSpec")
+            .field("queue", &self.queue)
+            .field("handler", &self.handler)
+            .field("retry", &self.retry)
+            .field("policy", &self.policy)
+            .field("fallback", &self.fallback)
+            .finish()
+    }
+}
+
+/// Why a copy was parked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkReason {
+    /// The attempt limit was reached.
+    MaxAttempts,
+    /// The error was classified permanent.
+    Permanent,
+    /// The payload did not decode.
+    Decode,
+    /// The handler asked to park.
+    Handler,
+}
+
+impl ParkReason {
+    /// The header value: `max-attempts`, `permanent`, `decode`, `handler`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParkReason::MaxAttempts => "max-attempts",
+            ParkReason::Permanent => "permanent",
+            ParkReason::Decode => "decode",
+            ParkReason::Handler => "handler",
+        }
+    }
+}
+
+/// What kind of copy is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// A retry copy into a delay tier.
+    Retry {
+        /// The tier's delay.
+        tier: Duration,
+        /// The attempt number the copy carries.
+        next_attempt: u32,
+    },
+    /// A parking copy.
+    Park {
+        /// Why.
+        reason: ParkReason,
+    },
+}
+
+/// What to do with the original delivery.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Decision {
+    /// Ack it.
+    Ack,
+    /// Publish `copy` (confirmed, mandatory); ack the original only when it is confirmed.
+    Republish {
+        /// The copy.
+        copy: Envelope,
+        /// Retry or park, with details.
+        kind: CopyKind,
+        /// The failure the copy records.
+        failure: Failure,
+    },
+    /// Nack with requeue.
+    Requeue,
+    /// Nack without requeue (broker dead-letters to parking).
+    Reject,
+    /// Nothing: already settled (manual mode, or acked first).
+    Nothing,
+}
+
+impl Decision {
+    /// `ack`, `retry`, `park`, `requeue`, `reject`, `none`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Decision::Ack => "ack",
+            Decision::Republish {
+                kind: CopyKind::Retry { .. },
+                ..
+            } => "retry",
+            Decision::Republish { .. } => "park",
+            Decision::Requeue => "requeue",
+            Decision::Reject => "reject",
+            Decision::Nothing => "none",
+        }
+    }
+}
+
+/// Decides what to do with `delivery` after `outcome`, under `spec`'s policy.
+pub fn decide(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> Decision {
+    match spec.policy {
+        AckPolicy::Auto => auto(spec, delivery, outcome),
+        AckPolicy::NackOnError => match outcome {
+            Outcome::Error(_) => Decision::Reject,
+            other => auto(spec, delivery, other),
+        },
+        AckPolicy::AckFirst => Decision::Nothing,
+        AckPolicy::Manual => match outcome {
+            Outcome::Settled => Decision::Nothing,
+            other => {
+                tracing::warn!(
+                    handler = %spec.handler,
+                    queue = %spec.queue,
+                    fallback = ?spec.fallback,
+                    "manual handler returned without settling; applying the fallback"
+                );
+                match spec.fallback {
+                    ManualFallback::NackRequeue => Decision::Requeue,
+                    ManualFallback::Ack => Decision::Ack,
+                    ManualFallback::Reject => Decision::Reject,
+                    ManualFallback::Auto => auto(spec, delivery, other),
+                }
+            }
+        },
+    }
+}
+
+/// The `Auto` mapping; also what manual `Settle` actions use.
+pub(crate) fn auto(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> Decision {
+    match outcome {
+        Outcome::Ack => Decision::Ack,
+        Outcome::Requeue => Decision::Requeue,
+        Outcome::Reject => Decision::Reject,
+        Outcome::Settled => Decision::Nothing,
+        Outcome::Retry { after, failure } => retry_or_park(spec, delivery, after, failure),
+        Outcome::Park(failure) => {
+            let reason = if failure.kind == "decode" {
+                ParkReason::Decode
+            } else {
+                ParkReason::Handler
+            };
+            park(spec, delivery, reason, failure)
+        }
+        Outcome::Error(e) => {
+            let failure = Failure::from_error("error", e.as_ref());
+            match spec.classifier.classify(&e) {
+                ErrorClass::Retryable => retry_or_park(spec, delivery, None, failure),
+                ErrorClass::Permanent => park(spec, delivery, ParkReason::Permanent, failure),
+            }
+        }
+    }
+}
+
+fn retry_or_park(spec: &SettleSpec, d: &Delivery, after: Option<Duration>, failure: Failure) -> Decision {
+    let attempt = d.attempt().number;
+    match spec.retry.next(attempt, after) {
+        RetryStep::Tier(tier) => {
+            let next_attempt = attempt.saturating_add(1);
+            let tier_queue = retry::tier_queue(&spec.queue, tier);
+            let mut h = evidence(spec, d, &failure);
+            h.insert(headers::ATTEMPT.into(), AMQPValue::LongLongInt(i64::from(next_attempt)));
+            h.insert(headers::RETRY_TIER.into(), long_string(&retry::tier_label(tier)));
+            Decision::Republish {
+                copy: copy(d, retry::retry_exchange(&spec.queue), tier_queue, h),
+                kind: CopyKind::Retry { tier, next_attempt },
+                failure,
+            }
+        }
+        RetryStep::Exhausted => park(spec, d, ParkReason::MaxAttempts, failure),
+    }
+}
+
+fn park(spec: &SettleSpec, d: &Delivery, reason: ParkReason, failure: Failure) -> Decision {
+    let mut h = evidence(spec, d, &failure);
+    h.insert(headers::ATTEMPT.into(), AMQPValue::LongLongInt(i64::from(d.attempt().number)));
+    h.insert(headers::PARK_REASON.into(), long_string(reason.as_str()));
+    Decision::Republish {
+        copy: copy(d, String::new(), retry::parking_queue(&spec.queue), h),
+        kind: CopyKind::Park { reason },
+        failure,
+    }
+}
+
+/// The original headers plus rabbitkit's evidence headers.
+fn evidence(spec: &SettleSpec, d: &Delivery, failure: &Failure) -> FieldTable {
+    let mut h = d.headers().cloned().unwrap_or_default();
+    let now = AMQPValue::LongLongInt(now_millis());
+    if !h.contains_key(headers::FIRST_FAILURE_AT) {
+        h.insert(headers::FIRST_FAILURE_AT.into(), now.clone());
+    }
+    h.insert(headers::LAST_FAILURE_AT.into(), now);
+    h.insert(headers::ORIGINAL_EXCHANGE.into(), long_string(d.exchange()));
+    h.insert(headers::ORIGINAL_ROUTING_KEY.into(), long_string(d.routing_key()));
+    h.insert(headers::SOURCE_QUEUE.into(), long_string(d.queue()));
+    h.insert(headers::HANDLER.into(), long_string(&spec.handler));
+    h.insert(headers::ERROR_KIND.into(), long_string(names::truncate(&failure.kind, 64)));
+    h.insert(
+        headers::ERROR_MESSAGE.into(),
+        long_string(names::truncate(&failure.message, headers::MAX_ERROR_MESSAGE)),
+    );
+    h
+}
+
+/// A persistent copy with the original's identifying properties and no expiration.
+fn copy(d: &Delivery, exchange: String, routing_key: String, headers: FieldTable) -> Envelope {
+    let o = d.properties();
+    let mut p = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+    if let Some(v) = o.message_id() {
+        p = p.with_message_id(v.clone());
+    }
+    if let Some(v) = o.correlation_id() {
+        p = p.with_correlation_id(v.clone());
+    }
+    if let Some(v) = o.content_type() {
+        p = p.with_content_type(v.clone());
+    }
+    if let Some(v) = o.content_encoding() {
+        p = p.with_content_encoding(v.clone());
+    }
+    if let Some(v) = o.timestamp() {
+        p = p.with_timestamp(*v);
+    }
+    if let Some(v) = o.kind() {
+        p = p.with_type(v.clone());
+    }
+    if let Some(v) = o.app_id() {
+        p = p.with_app_id(v.clone());
+    }
+    if let Some(v) = o.reply_to() {
+        p = p.with_reply_to(v.clone());
+    }
+    if let Some(v) = o.priority() {
+        p = p.with_priority(*v);
+    }
+    Envelope::new(exchange, routing_key, d.body().clone()).properties(p)
+}
+
+fn long_string(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::{DefaultClassifier, Permanent};
+
+    fn spec(policy: AckPolicy) -> SettleSpec {
+        SettleSpec {
+            queue: "orders".into(),
+            handler: "handle_order".into(),
+            retry: RetryPolicy::new([Duration::from_secs(5), Duration::from_secs(30)]).max_attempts(3),
+            classifier: Arc::new(DefaultClassifier),
+            policy,
+            fallback: ManualFallback::NackRequeue,
+        }
+    }
+
+    fn delivery(attempt: u32) -> Delivery {
+        Delivery::builder("orders", r#"{"id":1}"#)
+            .route("shop", "order.created")
+            .properties(
+                BasicProperties::default()
+                    .with_message_id("m-1".into())
+                    .with_expiration("1000".into()),
+            )
+            .attempt(attempt)
+            .build()
+    }
+
+    fn h<'a>(e: &'a Envelope, name: &str) -> Option<&'a AMQPValue> {
+        e.basic_properties().headers().as_ref()?.inner().get(name)
+    }
+
+    #[test]
+    fn unknown_error_goes_to_the_first_tier_with_evidence() {
+        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::error("db down"));
+        let Decision::Republish { copy, kind, failure } = d else {
+            panic!("expected a retry copy, got {d:?}");
+        };
+        assert_eq!(
+            kind,
+            CopyKind::Retry {
+                tier: Duration::from_secs(5),
+                next_attempt: 2
+            }
+        );
+        assert_eq!(failure.message, "db down");
+        assert_eq!(copy.exchange_name(), "orders.retry");
+        assert_eq!(copy.routing_key(), "orders.retry.5s");
+        assert_eq!(h(&copy, headers::ATTEMPT), Some(&AMQPValue::LongLongInt(2)));
+        assert_eq!(
+            h(&copy, headers::ORIGINAL_ROUTING_KEY),
+            Some(&AMQPValue::LongString("order.created".into()))
+        );
+        let p = copy.basic_properties();
+        assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
+        assert_eq!(*p.delivery_mode(), Some(2));
+        assert!(p.expiration().is_none(), "expiration must be cleared");
+    }
+
+    #[test]
+    fn last_attempt_parks_with_max_attempts() {
+        let d = decide(&spec(AckPolicy::Auto), &delivery(3), Outcome::error("still down"));
+        let Decision::Republish { copy, kind, .. } = d else {
+            panic!("expected a parking copy");
+        };
+        assert_eq!(kind, CopyKind::Park { reason: ParkReason::MaxAttempts });
+        assert_eq!(copy.exchange_name(), "");
+        assert_eq!(copy.routing_key(), "orders.parking");
+        assert_eq!(h(&copy, headers::ATTEMPT), Some(&AMQPValue::LongLongInt(3)));
+        assert_eq!(
+            h(&copy, headers::PARK_REASON),
+            Some(&AMQPValue::LongString("max-attempts".into()))
+        );
+    }
+
+    #[test]
+    fn permanent_errors_and_decode_failures_park_at_once() {
+        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::error(Permanent::new("bad sku")));
+        assert!(matches!(d, Decision::Republish { kind: CopyKind::Park { reason: ParkReason::Permanent }, .. }));
+        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::park(Failure::decode("eof")));
+        assert!(matches!(d, Decision::Republish { kind: CopyKind::Park { reason: ParkReason::Decode }, .. }));
+    }
+
+    #[test]
+    fn first_failure_time_is_kept_across_retries() {
+        let d = Delivery::builder("orders", "x")
+            .header(headers::FIRST_FAILURE_AT, AMQPValue::LongLongInt(7))
+            .build();
+        let Decision::Republish { copy, .. } = decide(&spec(AckPolicy::Auto), &d, Outcome::error("e")) else {
+            panic!("expected a copy");
+        };
+        assert_eq!(h(&copy, headers::FIRST_FAILURE_AT), Some(&AMQPValue::LongLongInt(7)));
+    }
+
+    #[test]
+    fn policies_map_outcomes() {
+        let d = delivery(1);
+        assert!(matches!(decide(&spec(AckPolicy::NackOnError), &d, Outcome::error("x")), Decision::Reject));
+        assert!(matches!(decide(&spec(AckPolicy::AckFirst), &d, Outcome::error("x")), Decision::Nothing));
+        assert!(matches!(decide(&spec(AckPolicy::Manual), &d, Outcome::Settled), Decision::Nothing));
+        assert!(matches!(decide(&spec(AckPolicy::Manual), &d, Outcome::Ack), Decision::Requeue));
+        let mut s = spec(AckPolicy::Manual);
+        s.fallback = ManualFallback::Auto;
+        assert!(matches!(decide(&s, &d, Outcome::Ack), Decision::Ack));
+        assert!(matches!(decide(&spec(AckPolicy::Auto), &d, Outcome::Requeue), Decision::Requeue));
+    }
+
+    #[test]
+    fn long_error_messages_are_truncated() {
+        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::error("e".repeat(10_000)));
+        let Decision::Republish { copy, .. } = d else {
+            panic!("expected a copy");
+        };
+        let Some(AMQPValue::LongString(m)) = h(&copy, headers::ERROR_MESSAGE) else {
+            panic!("no message header");
+        };
+        assert_eq!(m.as_bytes().len(), headers::MAX_ERROR_MESSAGE);
+    }
+}

@@ -1,0 +1,269 @@
+//! A received message as handlers see it.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+
+use crate::headers::{self, Attempt};
+use crate::manual::Settle;
+
+/// Shared values handlers extract with [`State`](crate::extract::State), keyed by type.
+#[derive(Clone, Default)]
+pub struct Extensions {
+    map: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extensions").field("len", &self.map.len()).finish()
+    }
+}
+
+impl Extensions {
+    /// Stores `value`, replacing any value of the same type.
+    pub fn insert<T: Clone + Send + Sync + 'static>(&mut self, value: T) {
+        self.map.insert(TypeId::of::<T>(), Arc::new(value));
+    }
+
+    pub(crate) fn into_map(self) -> HashMap<TypeId, Arc<dyn Any + Send + Sync>> {
+        self.map
+    }
+
+    pub(crate) fn insert_raw(&mut self, k: TypeId, v: Arc<dyn Any + Send + Sync>) {
+        self.map.insert(k, v);
+    }
+
+    /// The value of type `T`, if stored.
+    pub fn get<T: Clone + Send + Sync + 'static>(&self) -> Option<&T> {
+        self.map.get(&TypeId::of::<T>())?.downcast_ref::<T>()
+    }
+}
+
+/// One delivery. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    body: Bytes,
+    exchange: String,
+    routing_key: String,
+    received_exchange: String,
+    received_routing_key: String,
+    redelivered: bool,
+    properties: BasicProperties,
+    queue: Arc<str>,
+    attempt: Attempt,
+    extensions: Arc<Extensions>,
+    settle: Option<Settle>,
+}
+
+impl Delivery {
+    /// Builds a delivery by hand (tests, the test kit, custom transports).
+    pub fn builder(queue: impl Into<Arc<str>>, body: impl Into<Bytes>) -> DeliveryBuilder {
+        DeliveryBuilder {
+            queue: queue.into(),
+            body: body.into(),
+            exchange: String::new(),
+            routing_key: String::new(),
+            redelivered: false,
+            properties: BasicProperties::default(),
+            extensions: Arc::new(Extensions::default()),
+            settle: None,
+            attempt: None,
+        }
+    }
+
+    /// The body.
+    pub fn body(&self) -> &Bytes {
+        &self.inner.body
+    }
+
+    /// The exchange the message was first published to (restored on retries).
+    pub fn exchange(&self) -> &str {
+        &self.inner.exchange
+    }
+
+    /// The routing key the message was first published with. Retries travel through delay
+    /// tiers that rewrite it; rabbitkit restores the original from its header.
+    pub fn routing_key(&self) -> &str {
+        &self.inner.routing_key
+    }
+
+    /// The exchange and routing key of this very delivery, as the broker reported them.
+    pub fn received_route(&self) -> (&str, &str) {
+        (&self.inner.received_exchange, &self.inner.received_routing_key)
+    }
+
+    /// Whether the broker flagged this as a redelivery (a duplicate may have been handled).
+    pub fn redelivered(&self) -> bool {
+        self.inner.redelivered
+    }
+
+    /// The AMQP properties.
+    pub fn properties(&self) -> &BasicProperties {
+        &self.inner.properties
+    }
+
+    /// The headers, if any.
+    pub fn headers(&self) -> Option<&FieldTable> {
+        self.inner.properties.headers().as_ref()
+    }
+
+    /// One header.
+    pub fn header(&self, name: &str) -> Option<&AMQPValue> {
+        headers::get(self.headers(), name)
+    }
+
+    /// The message id, if the publisher set one.
+    pub fn message_id(&self) -> Option<&str> {
+        self.inner.properties.message_id().as_ref().map(|s| s.as_str())
+    }
+
+    /// The work queue it was consumed from.
+    pub fn queue(&self) -> &str {
+        &self.inner.queue
+    }
+
+    /// Attempt number and broker evidence.
+    pub fn attempt(&self) -> &Attempt {
+        &self.inner.attempt
+    }
+
+    /// Shared state.
+    pub fn extensions(&self) -> &Extensions {
+        &self.inner.extensions
+    }
+
+    /// The settle handle (manual ack mode only).
+    pub fn settle_handle(&self) -> Option<&Settle> {
+        self.inner.settle.as_ref()
+    }
+}
+
+/// Builds a [`Delivery`].
+#[derive(Debug)]
+#[must_use]
+pub struct DeliveryBuilder {
+    queue: Arc<str>,
+    body: Bytes,
+    exchange: String,
+    routing_key: String,
+    redelivered: bool,
+    properties: BasicProperties,
+    extensions: Arc<Extensions>,
+    settle: Option<Settle>,
+    attempt: Option<u32>,
+}
+
+impl DeliveryBuilder {
+    /// Exchange and routing key as received.
+    pub fn route(mut self, exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
+        self.exchange = exchange.into();
+        self.routing_key = routing_key.into();
+        self
+    }
+
+    /// The redelivered flag.
+    pub fn redelivered(mut self, on: bool) -> Self {
+        self.redelivered = on;
+        self
+    }
+
+    /// The properties (headers included).
+    pub fn properties(mut self, p: BasicProperties) -> Self {
+        self.properties = p;
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: &str, value: impl Into<AMQPValue>) -> Self {
+        let mut t = self.properties.headers().clone().unwrap_or_default();
+        t.insert(name.into(), value.into());
+        self.properties = self.properties.with_headers(t);
+        self
+    }
+
+    /// Sets the attempt header to `n` (as a retry copy would carry it).
+    pub fn attempt(mut self, n: u32) -> Self {
+        self.attempt = Some(n);
+        self
+    }
+
+    /// Shared state.
+    pub fn extensions(mut self, ext: Arc<Extensions>) -> Self {
+        self.extensions = ext;
+        self
+    }
+
+    pub(crate) fn settle(mut self, s: Option<Settle>) -> Self {
+        self.settle = s;
+        self
+    }
+
+    /// Builds it; the attempt is derived from the headers exactly as the runtime does.
+    pub fn build(mut self) -> Delivery {
+        if let Some(n) = self.attempt {
+            self = self.header(headers::ATTEMPT, AMQPValue::LongLongInt(i64::from(n)));
+        }
+        let hdrs = self.properties.headers().as_ref();
+        let attempt = Attempt::from_headers(hdrs, &self.queue);
+        let original = |name: &str, received: &str| {
+            headers::get(hdrs, name)
+                .and_then(headers::string)
+                .unwrap_or_else(|| received.to_owned())
+        };
+        let exchange = original(headers::ORIGINAL_EXCHANGE, &self.exchange);
+        let routing_key = original(headers::ORIGINAL_ROUTING_KEY, &self.routing_key);
+        Delivery {
+            inner: Arc::new(Inner {
+                body: self.body,
+                exchange,
+                routing_key,
+                received_exchange: self.exchange,
+                received_routing_key: self.routing_key,
+                redelivered: self.redelivered,
+                properties: self.properties,
+                queue: self.queue,
+                attempt,
+                extensions: self.extensions,
+                settle: self.settle,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn original_route_is_restored_from_headers() {
+        let d = Delivery::builder("orders", "x")
+            .route("", "orders")
+            .header(headers::ORIGINAL_EXCHANGE, AMQPValue::LongString("shop".into()))
+            .header(headers::ORIGINAL_ROUTING_KEY, AMQPValue::LongString("order.created.eu".into()))
+            .attempt(3)
+            .build();
+        assert_eq!(d.routing_key(), "order.created.eu");
+        assert_eq!(d.exchange(), "shop");
+        assert_eq!(d.received_route(), ("", "orders"));
+        assert_eq!(d.attempt().number, 3);
+    }
+
+    #[test]
+    fn extensions_are_typed() {
+        let mut e = Extensions::default();
+        e.insert(42u32);
+        e.insert(String::from("db"));
+        assert_eq!(e.get::<u32>(), Some(&42));
+        assert_eq!(e.get::<String>().map(String::as_str), Some("db"));
+        assert_eq!(e.get::<u64>(), None);
+    }
+}

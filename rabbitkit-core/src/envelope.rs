@@ -1,0 +1,346 @@
+//! What is published: exchange, routing key, body and properties.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::names;
+
+/// A message to publish. Persistent and mandatory by default; a `message_id` is generated
+/// when none is set, so every copy rabbitkit makes can be traced and deduplicated.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+    pub(crate) body: Bytes,
+    pub(crate) properties: BasicProperties,
+    pub(crate) headers: Vec<(String, AMQPValue)>,
+    pub(crate) mandatory: bool,
+}
+
+impl Envelope {
+    /// A message for `exchange` (`""` is the default exchange) with `routing_key`.
+    pub fn new(exchange: impl Into<String>, routing_key: impl Into<String>, body: impl Into<Bytes>) -> Self {
+        Self {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            body: body.into(),
+            properties: BasicProperties::default().with_delivery_mode(2),
+            headers: Vec::new(),
+            mandatory: true,
+        }
+    }
+
+    /// A message whose body is `value` as JSON (`content_type: application/json`).
+    pub fn json<T: Serialize + ?Sized>(
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        value: &T,
+    ) -> Result<Self> {
+        let body = serde_json::to_vec(value)?;
+        Ok(Self::new(exchange, routing_key, body).content_type("application/json"))
+    }
+
+    /// Sets the message id.
+    #[must_use]
+    pub fn message_id(mut self, id: impl Into<String>) -> Self {
+        self.properties = self.properties.with_message_id(ShortString::from(clip(id.into())));
+        self
+    }
+
+    /// Sets the correlation id.
+    #[must_use]
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.properties = self.properties.with_correlation_id(ShortString::from(clip(id.into())));
+        self
+    }
+
+    /// Sets the content type.
+    #[must_use]
+    pub fn content_type(mut self, ct: impl Into<String>) -> Self {
+        self.properties = self.properties.with_content_type(ShortString::from(clip(ct.into())));
+        self
+    }
+
+    /// Sets the timestamp (seconds since the Unix epoch).
+    #[must_use]
+    pub fn timestamp(mut self, secs: u64) -> Self {
+        self.properties = self.properties.with_timestamp(secs);
+        self
+    }
+
+    /// Adds a header. Names and values are checked when the envelope is published.
+    #[must_use]
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<AMQPValue>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Persistent (`delivery_mode = 2`, the default) or transient.
+    #[must_use]
+    pub fn persistent(mut self, on: bool) -> Self {
+        self.properties = self.properties.with_delivery_mode(if on { 2 } else { 1 });
+        self
+    }
+
+    /// Mandatory (the default): an unroutable message comes back as `Returned`.
+    #[must_use]
+    pub fn mandatory(mut self, on: bool) -> Self {
+        self.mandatory = on;
+        self
+    }
+
+    /// Replaces all properties (headers set with [`Envelope::header`] are added on top).
+    #[must_use]
+    pub fn properties(mut self, p: BasicProperties) -> Self {
+        self.properties = p;
+        self
+    }
+
+    /// The exchange.
+    pub fn exchange_name(&self) -> &str {
+        &self.exchange
+    }
+
+    /// The routing key.
+    pub fn routing_key(&self) -> &str {
+        &self.routing_key
+    }
+
+    /// The body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The properties, headers included once [`Envelope::prepare`] ran.
+    pub fn basic_properties(&self) -> &BasicProperties {
+        &self.properties
+    }
+
+    /// The value of a header set on this envelope (before or after preparation).
+    pub fn header_value(&self, name: &str) -> Option<&AMQPValue> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .or_else(|| self.properties.headers().as_ref()?.inner().get(name))
+    }
+
+    /// Whether the publish is mandatory.
+    pub fn is_mandatory(&self) -> bool {
+        self.mandatory
+    }
+
+    /// Validates the envelope and merges the headers into the properties. Everything that
+    /// would make lapin panic or the broker close the channel is refused here, typed.
+    pub(crate) fn prepare(mut self, max_body: usize, max_properties: usize) -> Result<Prepared> {
+        let exchange = names::short("exchange name", &self.exchange)?;
+        let routing_key = names::short("routing key", &self.routing_key)?;
+        if self.body.len() > max_body {
+            return Err(Error::BodyTooLarge {
+                size: self.body.len(),
+                max: max_body,
+            });
+        }
+        if !self.headers.is_empty() {
+            let mut table = self.properties.headers().clone().unwrap_or_default();
+            for (name, value) in std::mem::take(&mut self.headers) {
+                if name.is_empty() || name.len() > names::MAX_SHORT {
+                    return Err(Error::InvalidHeader {
+                        name: names::truncate(&name, 64).to_owned(),
+                        reason: "header names must be 1 to 255 bytes".into(),
+                    });
+                }
+                check_value(&name, &value, 0)?;
+                table.insert(ShortString::from(name), value);
+            }
+            self.properties = self.properties.with_headers(table);
+        }
+        if self.properties.message_id().is_none() {
+            self.properties = self.properties.with_message_id(new_message_id());
+        }
+        let size = properties_size(&self.properties);
+        if size > max_properties {
+            return Err(Error::InvalidHeader {
+                name: "(all headers)".into(),
+                reason: format!("properties take about {size} bytes, over the {max_properties}-byte frame budget"),
+            });
+        }
+        Ok(Prepared {
+            exchange,
+            routing_key,
+            body: self.body,
+            properties: self.properties,
+            mandatory: self.mandatory,
+        })
+    }
+}
+
+/// A validated envelope, ready for lapin.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) exchange: ShortString,
+    pub(crate) routing_key: ShortString,
+    pub(crate) body: Bytes,
+    pub(crate) properties: BasicProperties,
+    pub(crate) mandatory: bool,
+}
+
+fn clip(mut s: String) -> String {
+    let keep = names::truncate(&s, names::MAX_SHORT).len();
+    s.truncate(keep);
+    s
+}
+
+const MAX_DEPTH: usize = 16;
+
+fn check_value(name: &str, v: &AMQPValue, depth: usize) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(Error::InvalidHeader {
+            name: name.to_owned(),
+            reason: format!("nested deeper than {MAX_DEPTH} levels"),
+        });
+    }
+    match v {
+        AMQPValue::FieldTable(t) => {
+            for (_, inner) in t.inner() {
+                check_value(name, inner, depth + 1)?;
+            }
+        }
+        AMQPValue::FieldArray(a) => {
+            for inner in a.as_slice() {
+                check_value(name, inner, depth + 1)?;
+            }
+        }
+        AMQPValue::Float(f) if !f.is_finite() => return bad_float(name),
+        AMQPValue::Double(f) if !f.is_finite() => return bad_float(name),
+        _ => {}
+    }
+    Ok(())
+}
+
+fn bad_float(name: &str) -> Result<()> {
+    Err(Error::InvalidHeader {
+        name: name.to_owned(),
+        reason: "NaN and infinite floats are not portable header values".into(),
+    })
+}
+
+/// An upper estimate of the encoded size of the properties, in bytes.
+pub(crate) fn properties_size(p: &BasicProperties) -> usize {
+    let shorts = [
+        p.content_type().as_ref().map(|s| s.as_str().len()),
+        p.content_encoding().as_ref().map(|s| s.as_str().len()),
+        p.correlation_id().as_ref().map(|s| s.as_str().len()),
+        p.reply_to().as_ref().map(|s| s.as_str().len()),
+        p.expiration().as_ref().map(|s| s.as_str().len()),
+        p.message_id().as_ref().map(|s| s.as_str().len()),
+        p.kind().as_ref().map(|s| s.as_str().len()),
+        p.user_id().as_ref().map(|s| s.as_str().len()),
+        p.app_id().as_ref().map(|s| s.as_str().len()),
+        p.cluster_id().as_ref().map(|s| s.as_str().len()),
+    ];
+    let mut n = 32 + shorts.iter().flatten().map(|l| l + 1).sum::<usize>();
+    if let Some(h) = p.headers() {
+        n += table_size(h);
+    }
+    n
+}
+
+fn table_size(t: &FieldTable) -> usize {
+    4 + t
+        .inner()
+        .iter()
+        .map(|(k, v)| 1 + k.as_str().len() + value_size(v))
+        .sum::<usize>()
+}
+
+fn value_size(v: &AMQPValue) -> usize {
+    1 + match v {
+        AMQPValue::LongString(s) => 4 + s.as_bytes().len(),
+        AMQPValue::ShortString(s) => 1 + s.as_str().len(),
+        AMQPValue::ByteArray(b) => 4 + b.as_slice().len(),
+        AMQPValue::FieldTable(t) => table_size(t),
+        AMQPValue::FieldArray(a) => 4 + a.as_slice().iter().map(value_size).sum::<usize>(),
+        _ => 9,
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A process-unique, time-ordered message id: `<unix-micros hex>-<pid hex>-<counter hex>`.
+pub fn new_message_id() -> ShortString {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    ShortString::from(format!("{micros:x}-{:x}-{n:x}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_persistent_mandatory_with_an_id() {
+        let p = Envelope::new("", "q", "x").prepare(1024, 4096).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*p.properties.delivery_mode(), Some(2));
+        assert!(p.mandatory);
+        assert!(p.properties.message_id().is_some());
+    }
+
+    #[test]
+    fn message_ids_are_unique() {
+        assert_ne!(new_message_id(), new_message_id());
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        let long = "x".repeat(256);
+        assert!(matches!(
+            Envelope::new(long.clone(), "q", "x").prepare(1024, 4096),
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(matches!(
+            Envelope::new("", long.clone(), "x").prepare(1024, 4096),
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(matches!(
+            Envelope::new("", "q", vec![0u8; 2000]).prepare(1024, 4096),
+            Err(Error::BodyTooLarge { size: 2000, max: 1024 })
+        ));
+        assert!(matches!(
+            Envelope::new("", "q", "x").header(long, 1i32).prepare(1024, 4096),
+            Err(Error::InvalidHeader { .. })
+        ));
+        assert!(matches!(
+            Envelope::new("", "q", "x")
+                .header("f", AMQPValue::Double(f64::NAN))
+                .prepare(1024, 4096),
+            Err(Error::InvalidHeader { .. })
+        ));
+        assert!(matches!(
+            Envelope::new("", "q", "x")
+                .header("big", AMQPValue::LongString("y".repeat(10_000).into()))
+                .prepare(1024, 4096),
+            Err(Error::InvalidHeader { .. })
+        ));
+    }
+
+    #[test]
+    fn json_sets_content_type() {
+        let e = Envelope::json("", "q", &serde_json::json!({"a": 1})).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(e.body().as_ref(), br#"{"a":1}"#);
+        assert_eq!(
+            e.basic_properties().content_type().as_ref().map(|s| s.as_str()),
+            Some("application/json")
+        );
+    }
+}

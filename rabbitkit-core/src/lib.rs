@@ -1,0 +1,43 @@
+//! Runtime and stable traits of rabbitkit. Users depend on the `rabbitkit` facade crate.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod connection;
+pub mod decide;
+pub mod delivery;
+pub mod envelope;
+pub mod error;
+pub mod extract;
+pub mod handler;
+pub mod headers;
+pub mod manual;
+mod names;
+pub mod outcome;
+pub mod policy;
+pub mod publisher;
+pub mod retry;
+pub mod settle;
+mod stats;
+pub mod subscriber;
+pub mod topology;
+pub mod worker;
+
+pub use connection::ConnectionConfig;
+pub use envelope::Envelope;
+pub use error::{BoxError, Error, Result};
+pub use outcome::{Classify, DefaultClassifier, ErrorClass, Failure, IntoOutcome, Outcome, Permanent};
+pub use publisher::{PendingConfirm, PublishOutcome, Publisher, PublisherConfig, PublisherStats};
+pub use retry::RetryPolicy;
+pub use delivery::Delivery;
+pub use manual::Settle;
+pub use policy::{AckPolicy, ManualFallback};
+pub use settle::SettleReport;
+pub use stats::SubscriberStats;
+pub use subscriber::Subscriber;
+pub use topology::{QueueType, Topology, TopologyMode};
+pub use worker::{Worker, WorkerHandle, WorkerReport};
+
+/// AMQP types rabbitkit deliberately re-exports from lapin (properties and header values).
+pub mod amqp {
+    pub use lapin::BasicProperties;
+    pub use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+}

@@ -1,0 +1,139 @@
+//! Carrying out a [`Decision`] against the broker.
+//!
+//! The one rule: the original is acked only after its retry or parking copy is
+//! `Confirmed`. Returned, nacked, timed out or failed copies leave the original unacked: it is
+//! nacked with requeue after a backoff that grows with consecutive failures (so a broken
+//! tier does not become a hot loop), and a warning and a counter say so.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use lapin::Acker;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+
+use crate::connection::backoff;
+use crate::decide::{CopyKind, Decision};
+use crate::publisher::{PublishOutcome, Publisher};
+use crate::stats::Counters;
+
+/// What became of a settlement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettleReport {
+    /// The original was acked.
+    Acked,
+    /// A retry copy was confirmed, then the original acked.
+    Retried,
+    /// A parking copy was confirmed, then the original acked.
+    Parked,
+    /// The original was nacked with requeue.
+    Requeued,
+    /// The original was nacked without requeue.
+    Rejected,
+    /// The copy was not confirmed (the label says why); the original was requeued.
+    CopyNotConfirmed(String),
+    /// The channel of the original is gone; the broker will redeliver it.
+    ChannelGone,
+    /// Nothing to do (already settled).
+    Nothing,
+}
+
+/// Settles originals of one subscriber.
+#[derive(Debug)]
+pub(crate) struct Settler {
+    pub(crate) publisher: Publisher,
+    pub(crate) counters: Arc<Counters>,
+    consecutive_failures: AtomicU32,
+    max_backoff: Duration,
+}
+
+impl Settler {
+    pub(crate) fn new(publisher: Publisher, counters: Arc<Counters>) -> Self {
+        Self {
+            publisher,
+            counters,
+            consecutive_failures: AtomicU32::new(0),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+
+    pub(crate) async fn execute(&self, decision: Decision, acker: &Acker) -> SettleReport {
+        let c = &self.counters;
+        match decision {
+            Decision::Nothing => SettleReport::Nothing,
+            Decision::Ack => self.ack(acker, SettleReport::Acked).await,
+            Decision::Requeue => self.nack(acker, true).await,
+            Decision::Reject => self.nack(acker, false).await,
+            Decision::Republish { copy, kind, failure } => {
+                let outcome = match self.publisher.publish(copy).await {
+                    Ok(o) => o,
+                    // An invalid copy (e.g. a header over the frame budget) is not publishable:
+                    // keep the original, visibly.
+                    Err(e) => PublishOutcome::Failed(e),
+                };
+                if outcome.is_confirmed() {
+                    self.consecutive_failures.store(0, Ordering::Relaxed);
+                    let (counter, report) = match kind {
+                        CopyKind::Retry { .. } => (&c.retried, SettleReport::Retried),
+                        CopyKind::Park { .. } => (&c.parked, SettleReport::Parked),
+                    };
+                    Counters::inc(counter);
+                    return self.ack(acker, report).await;
+                }
+                Counters::inc(&c.settlement_failures);
+                let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let pause = backoff(n, self.max_backoff);
+                tracing::warn!(
+                    copy = ?kind,
+                    outcome = %outcome,
+                    failure = %failure,
+                    requeue_in = ?pause,
+                    "settlement copy not confirmed; the original is NOT acked and will be requeued"
+                );
+                tokio::time::sleep(pause).await;
+                match self.nack(acker, true).await {
+                    SettleReport::ChannelGone => SettleReport::ChannelGone,
+                    _ => SettleReport::CopyNotConfirmed(outcome.label().to_owned()),
+                }
+            }
+        }
+    }
+
+    async fn ack(&self, acker: &Acker, report: SettleReport) -> SettleReport {
+        match acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => {
+                Counters::inc(&self.counters.acked);
+                report
+            }
+            other => self.lost(other.err()),
+        }
+    }
+
+    async fn nack(&self, acker: &Acker, requeue: bool) -> SettleReport {
+        let opts = BasicNackOptions {
+            multiple: false,
+            requeue,
+        };
+        match acker.nack(opts).await {
+            Ok(true) if requeue => {
+                Counters::inc(&self.counters.requeued);
+                SettleReport::Requeued
+            }
+            Ok(true) => {
+                Counters::inc(&self.counters.rejected);
+                SettleReport::Rejected
+            }
+            other => self.lost(other.err()),
+        }
+    }
+
+    fn lost(&self, err: Option<lapin::Error>) -> SettleReport {
+        Counters::inc(&self.counters.ack_lost);
+        match err {
+            Some(e) => tracing::warn!(error = %e, "settle failed: channel gone, the broker will redeliver"),
+            None => tracing::warn!("settle found its channel gone; the broker will redeliver"),
+        }
+        SettleReport::ChannelGone
+    }
+}

@@ -1,0 +1,220 @@
+//! The worker: connections, consumers, the per-delivery pipeline, shutdown.
+
+mod consume;
+mod process;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::connection::{ConnectionConfig, Connector};
+use crate::delivery::Extensions;
+use crate::error::{Error, Result};
+use crate::publisher::{Publisher, PublisherConfig};
+use crate::stats::{Counters, SubscriberStats};
+use crate::subscriber::Subscriber;
+
+/// Runs subscribers. A consuming connection and a separate publishing connection (a
+/// resource alarm blocks a publishing connection, acks included).
+///
+/// ```no_run
+/// # use rabbitkit_core::{worker::Worker, ConnectionConfig, subscriber::Subscriber};
+/// # async fn run() -> rabbitkit_core::Result<()> {
+/// async fn hello(body: rabbitkit_core::extract::Body) -> Result<(), std::io::Error> {
+///     println!("{} bytes", body.0.len());
+///     Ok(())
+/// }
+/// Worker::new(ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f"))
+///     .subscribe(Subscriber::new("hello", hello))
+///     .run_until(tokio::time::sleep(std::time::Duration::from_secs(60)))
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[must_use]
+#[derive(Debug)]
+pub struct Worker {
+    connection: ConnectionConfig,
+    publisher: PublisherConfig,
+    subscribers: Vec<Subscriber>,
+    shutdown_deadline: Duration,
+    extensions: Extensions,
+}
+
+impl Worker {
+    /// A worker for the broker at `connection`.
+    pub fn new(connection: ConnectionConfig) -> Self {
+        Self {
+            connection,
+            publisher: PublisherConfig::default(),
+            subscribers: Vec::new(),
+            shutdown_deadline: Duration::from_secs(30),
+            extensions: Extensions::default(),
+        }
+    }
+
+    /// Adds a subscriber.
+    pub fn subscribe(mut self, s: Subscriber) -> Self {
+        self.subscribers.push(s);
+        self
+    }
+
+    /// Settings of the publisher used for retry and parking copies.
+    pub fn publisher_config(mut self, cfg: PublisherConfig) -> Self {
+        self.publisher = cfg;
+        self
+    }
+
+    /// How long in-flight handlers may run after shutdown starts; stragglers are requeued.
+    pub fn shutdown_deadline(mut self, d: Duration) -> Self {
+        self.shutdown_deadline = d;
+        self
+    }
+
+    /// State shared by all subscribers ([`State`](crate::extract::State) extractor).
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.extensions.insert(value);
+        self
+    }
+
+    /// Starts and runs until `signal` completes, then shuts down gracefully.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<WorkerReport> {
+        let handle = self.start().await?;
+        signal.await;
+        Ok(handle.shutdown().await)
+    }
+
+    /// Validates, connects, declares every topology, starts consuming; returns a handle.
+    /// Errors here (bad topology, broker unreachable, inequivalent queue arguments) stop
+    /// the start: nothing is consumed.
+    pub async fn start(self) -> Result<WorkerHandle> {
+        if self.subscribers.is_empty() {
+            return Err(Error::Config("a worker needs at least one subscriber".into()));
+        }
+        let mut names = std::collections::HashSet::new();
+        for s in &self.subscribers {
+            s.validate()?;
+            if !names.insert(s.name.clone()) {
+                return Err(Error::Config(format!("two subscribers are named {:?}", s.name)));
+            }
+        }
+        let consumer = Arc::new(Connector::new(self.connection.clone(), "rabbitkit-consumer")?);
+        let publisher = Publisher::new(self.connection.clone(), self.publisher.clone())?;
+        let wait = self.connection.connect_timeout;
+        let conn = consumer.get(wait).await?;
+        publisher.connect().await?;
+        for s in &self.subscribers {
+            let ch = conn.conn.create_channel().await.map_err(Error::amqp)?;
+            s.full_topology().apply(&ch, s.mode).await?;
+            let _ = ch.close(200, "topology declared".into()).await;
+        }
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (hard_tx, hard_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut stats = HashMap::new();
+        let mut ready = Vec::new();
+        for mut s in self.subscribers {
+            let counters = Arc::new(Counters::default());
+            let is_ready = Arc::new(AtomicBool::new(false));
+            stats.insert(s.name.clone(), counters.clone());
+            ready.push(is_ready.clone());
+            let mut ext = self.extensions.clone();
+            ext.insert(publisher.clone());
+            for (k, v) in std::mem::take(&mut s.extensions).into_map() {
+                ext.insert_raw(k, v);
+            }
+            let sub = consume::SubscriberTask::new(
+                s,
+                Arc::new(ext),
+                consumer.clone(),
+                publisher.clone(),
+                counters,
+                is_ready,
+                stop_rx.clone(),
+                hard_rx.clone(),
+                self.shutdown_deadline,
+            );
+            tasks.push(tokio::spawn(sub.run()));
+        }
+        Ok(WorkerHandle {
+            stop: stop_tx,
+            hard: hard_tx,
+            tasks,
+            stats,
+            ready,
+            publisher,
+            consumer,
+            deadline: self.shutdown_deadline,
+        })
+    }
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    stop: watch::Sender<bool>,
+    hard: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    stats: HashMap<String, Arc<Counters>>,
+    ready: Vec<Arc<AtomicBool>>,
+    publisher: Publisher,
+    consumer: Arc<Connector>,
+    deadline: Duration,
+}
+
+/// Counters of every subscriber at shutdown.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerReport {
+    /// Per subscriber name.
+    pub subscribers: HashMap<String, SubscriberStats>,
+}
+
+impl WorkerHandle {
+    /// The counters of subscriber `name`.
+    pub fn stats(&self, name: &str) -> Option<SubscriberStats> {
+        self.stats.get(name).map(|c| c.snapshot())
+    }
+
+    /// True when every subscriber is connected and consuming.
+    pub fn is_ready(&self) -> bool {
+        self.ready.iter().all(|r| r.load(Ordering::Acquire))
+    }
+
+    /// The publisher the worker settles with (handlers get it as `State<Publisher>`).
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// Stops consuming, lets in-flight handlers finish and settle within the shutdown
+    /// deadline, requeues stragglers, closes both connections.
+    pub async fn shutdown(self) -> WorkerReport {
+        let _ = self.stop.send(true);
+        let hard = self.hard;
+        let deadline = self.deadline;
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            let _ = hard.send(true);
+            // Keep the sender alive until the tasks end.
+            hard.closed().await;
+        });
+        for t in self.tasks {
+            if let Err(e) = t.await {
+                tracing::error!(error = %e, "subscriber task failed");
+            }
+        }
+        timer.abort();
+        self.publisher.close(Duration::from_secs(5)).await;
+        self.consumer.close().await;
+        WorkerReport {
+            subscribers: self
+                .stats
+                .iter()
+                .map(|(k, v)| (k.clone(), v.snapshot()))
+                .collect(),
+        }
+    }
+}
