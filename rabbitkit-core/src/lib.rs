@@ -32,7 +32,7 @@ pub use manual::Settle;
 pub use policy::{AckPolicy, ManualFallback};
 pub use settle::SettleReport;
 pub use stats::SubscriberStats;
-pub use subscriber::Subscriber;
+pub use subscriber::{IntoSubscriber, Subscriber};
 pub use topology::{QueueType, Topology, TopologyMode};
 pub use worker::{Worker, WorkerHandle, WorkerReport};
 

@@ -239,3 +239,16 @@ impl Subscriber {
         t
     }
 }
+
+/// Anything that builds a [`Subscriber`]: a `Subscriber` itself, or the value a
+/// `#[subscriber]` function expands to.
+pub trait IntoSubscriber {
+    /// Builds the subscriber.
+    fn into_subscriber(self) -> Subscriber;
+}
+
+impl IntoSubscriber for Subscriber {
+    fn into_subscriber(self) -> Subscriber {
+        self
+    }
+}

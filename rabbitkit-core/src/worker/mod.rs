@@ -17,7 +17,7 @@ use crate::delivery::Extensions;
 use crate::error::{Error, Result};
 use crate::publisher::{Publisher, PublisherConfig};
 use crate::stats::{Counters, SubscriberStats};
-use crate::subscriber::Subscriber;
+use crate::subscriber::{IntoSubscriber, Subscriber};
 
 /// Runs subscribers. A consuming connection and a separate publishing connection (a
 /// resource alarm blocks a publishing connection, acks included).
@@ -58,8 +58,8 @@ impl Worker {
     }
 
     /// Adds a subscriber.
-    pub fn subscribe(mut self, s: Subscriber) -> Self {
-        self.subscribers.push(s);
+    pub fn subscribe(mut self, s: impl IntoSubscriber) -> Self {
+        self.subscribers.push(s.into_subscriber());
         self
     }
 
