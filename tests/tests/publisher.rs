@@ -1,0 +1,219 @@
+//! The confirmed publisher against a real broker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::types::{AMQPValue, FieldTable};
+use rabbitkit_core::{ConnectionConfig, Envelope, Error, PublishOutcome, Publisher, PublisherConfig};
+use rabbitkit_tests::{Broker, table, wait_until};
+
+fn publisher(url: String, cfg: PublisherConfig) -> Publisher {
+    Publisher::new(ConnectionConfig::new(url), cfg).unwrap()
+}
+
+fn reject_publish() -> FieldTable {
+    table(&[
+        ("x-max-length", AMQPValue::LongInt(0)),
+        ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routable_is_confirmed_unroutable_is_returned_full_queue_is_nacked() {
+    let vh = Broker::from_env().vhost("pub-basic");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    vh.declare_queue("full", reject_publish()).await;
+    let p = publisher(vh.url(), PublisherConfig::default());
+
+    let ok = p.publish(Envelope::new("", "ok", "a")).await.unwrap();
+    assert!(ok.is_confirmed(), "{ok}");
+    let ret = p.publish(Envelope::new("", "nowhere", "b")).await.unwrap();
+    assert!(
+        matches!(ret, PublishOutcome::Returned { reply_code: 312, .. }),
+        "unroutable mandatory must be Returned, got {ret}"
+    );
+    assert!(!ret.is_confirmed());
+    let nack = p.publish(Envelope::new("", "full", "c")).await.unwrap();
+    assert!(matches!(nack, PublishOutcome::Nacked), "got {nack}");
+    assert_eq!(vh.depth("ok").await, 1);
+    assert_eq!(vh.depth("full").await, 0);
+    let s = p.stats();
+    assert_eq!((s.confirmed, s.returned, s.nacked), (1, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_mixed_publishes_are_attributed_exactly() {
+    let vh = Broker::from_env().vhost("pub-stress");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    vh.declare_queue("full", reject_publish()).await;
+    let p = publisher(vh.url(), PublisherConfig { max_in_flight: 16, ..Default::default() });
+    let tasks = 32;
+    let per_task = 120;
+    let mut joins = Vec::new();
+    for t in 0..tasks {
+        let p = p.clone();
+        joins.push(tokio::spawn(async move {
+            let mut wrong = 0u32;
+            for i in 0..per_task {
+                let (rk, kind) = match (t + i) % 3 {
+                    0 => ("ok", 0),
+                    1 => ("nowhere", 1),
+                    _ => ("full", 2),
+                };
+                let o = p.publish(Envelope::new("", rk, vec![7u8; 64])).await.unwrap();
+                let good = match kind {
+                    0 => o.is_confirmed(),
+                    1 => matches!(o, PublishOutcome::Returned { .. }),
+                    _ => matches!(o, PublishOutcome::Nacked),
+                };
+                if !good {
+                    wrong += 1;
+                }
+            }
+            wrong
+        }));
+    }
+    let mut wrong = 0;
+    for j in joins {
+        wrong += j.await.unwrap();
+    }
+    assert_eq!(wrong, 0, "misattributed outcomes");
+    let s = p.stats();
+    let expect_ok = (0..tasks).flat_map(|t| (0..per_task).map(move |i| (t + i) % 3)).filter(|k| *k == 0).count() as u64;
+    assert_eq!(s.confirmed, expect_ok);
+    assert_eq!(u64::from(vh.depth("ok").await), expect_ok, "queue count agrees with confirms");
+    assert!(p.in_flight() == 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publish_many_streams_every_outcome() {
+    let vh = Broker::from_env().vhost("pub-many");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let p = publisher(vh.url(), PublisherConfig { max_in_flight: 8, ..Default::default() });
+    use futures_util::StreamExt;
+    let envs = (0..200).map(|i| Envelope::new("", if i % 10 == 0 { "nowhere" } else { "ok" }, "m"));
+    let outcomes: Vec<_> = p.publish_many(envs).collect().await;
+    assert_eq!(outcomes.len(), 200);
+    for (i, o) in &outcomes {
+        let o = o.as_ref().unwrap();
+        if i % 10 == 0 {
+            assert!(matches!(o, PublishOutcome::Returned { .. }), "#{i}: {o}");
+        } else {
+            assert!(o.is_confirmed(), "#{i}: {o}");
+        }
+    }
+    assert_eq!(vh.depth("ok").await, 180);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_closed_mid_stream_fail_pending_then_resume() {
+    let vh = Arc::new(Broker::from_env().vhost("pub-close"));
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let p = publisher(vh.url(), PublisherConfig { max_in_flight: 8, ..Default::default() });
+    p.connect().await.unwrap();
+    let mut joins = Vec::new();
+    for _ in 0..8 {
+        let p = p.clone();
+        joins.push(tokio::spawn(async move {
+            let (mut confirmed, mut other) = (0u32, 0u32);
+            for _ in 0..150 {
+                match p.publish(Envelope::new("", "ok", vec![1u8; 256])).await.unwrap() {
+                    o if o.is_confirmed() => confirmed += 1,
+                    _ => other += 1,
+                }
+            }
+            (confirmed, other)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let closer = vh.clone();
+    tokio::task::spawn_blocking(move || closer.close_connections()).await.unwrap();
+    let (mut confirmed, mut other) = (0, 0);
+    for j in joins {
+        let (c, o) = j.await.unwrap();
+        confirmed += c;
+        other += o;
+    }
+    // Publishing resumed after the forced close.
+    let after = p.publish(Envelope::new("", "ok", "after")).await.unwrap();
+    assert!(after.is_confirmed(), "publishing resumes after reconnect: {after}");
+    confirmed += 1;
+    let depth = vh.depth("ok").await;
+    assert!(depth >= confirmed, "{confirmed} confirmed but only {depth} in the queue");
+    assert!(depth <= confirmed + other, "more messages than publishes");
+    let s = p.stats();
+    assert!(s.failed + s.timed_out == u64::from(other), "non-confirmed outcomes are failures: {s:?}");
+    eprintln!("forced close: {confirmed} confirmed, {other} failed/unknown, {depth} in queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_typed_before_sending() {
+    let vh = Broker::from_env().vhost("pub-bad");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let p = publisher(vh.url(), PublisherConfig { max_body: 1024, ..Default::default() });
+    let long = "x".repeat(256);
+    assert!(matches!(p.publish(Envelope::new(long.clone(), "ok", "a")).await, Err(Error::InvalidName { .. })));
+    assert!(matches!(p.publish(Envelope::new("", long.clone(), "a")).await, Err(Error::InvalidName { .. })));
+    assert!(matches!(p.publish(Envelope::new("", "ok", vec![0u8; 4096])).await, Err(Error::BodyTooLarge { .. })));
+    assert!(matches!(
+        p.publish(Envelope::new("", "ok", "a").header(long, 1i32)).await,
+        Err(Error::InvalidHeader { .. })
+    ));
+    assert!(matches!(
+        p.publish(Envelope::new("", "ok", "a").header("h", AMQPValue::LongString("y".repeat(200_000).into()))).await,
+        Err(Error::InvalidHeader { .. })
+    ));
+    assert_eq!(p.stats().sent, 0, "nothing was sent");
+    assert_eq!(vh.depth("ok").await, 0);
+    // A bad URL is a typed error too, without echoing the password.
+    let e = Publisher::new(ConnectionConfig::new("nope://u:secret@h"), PublisherConfig::default()).unwrap_err();
+    assert!(matches!(e, Error::InvalidUrl { .. }));
+    assert!(!e.to_string().contains("secret"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_alarm_blocks_with_a_bounded_window_and_times_out_blocked() {
+    let broker = Broker::private(1);
+    broker.ctl(&["set_vm_memory_high_watermark", "0.4"]);
+    let vh = broker.vhost("pub-alarm");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let window = 4;
+    let p = publisher(
+        vh.url(),
+        PublisherConfig { max_in_flight: window, confirm_timeout: Duration::from_secs(3), ..Default::default() },
+    );
+    assert!(p.publish(Envelope::new("", "ok", "before")).await.unwrap().is_confirmed());
+    broker.ctl(&["set_vm_memory_high_watermark", "0"]);
+    let mut joins = Vec::new();
+    for _ in 0..12 {
+        let p = p.clone();
+        joins.push(tokio::spawn(async move { p.publish(Envelope::new("", "ok", "during")).await.unwrap() }));
+    }
+    let mut max_in_flight = 0;
+    for _ in 0..20 {
+        max_in_flight = max_in_flight.max(p.in_flight());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(max_in_flight <= window, "window exceeded: {max_in_flight}");
+    let (mut blocked_timeouts, mut confirmed) = (0, 0);
+    let mut results = Vec::new();
+    // Clear the alarm once the first wave has timed out.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    broker.ctl(&["set_vm_memory_high_watermark", "0.4"]);
+    for j in joins {
+        let o = j.await.unwrap();
+        match &o {
+            PublishOutcome::TimedOut { blocked: true } => blocked_timeouts += 1,
+            o if o.is_confirmed() => confirmed += 1,
+            _ => {}
+        }
+        results.push(o.label());
+    }
+    assert!(blocked_timeouts >= 1, "expected TimedOut {{ blocked: true }}, got {results:?}");
+    assert_eq!(blocked_timeouts + confirmed, 12, "only blocked timeouts or confirms: {results:?}");
+    wait_until(Duration::from_secs(10), "the confirmed ones are in the queue", || async {
+        vh.depth("ok").await >= 1 + confirmed
+    })
+    .await;
+    assert!(p.publish(Envelope::new("", "ok", "after")).await.unwrap().is_confirmed());
+}
