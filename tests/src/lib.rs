@@ -262,26 +262,20 @@ impl Vhost {
         let _ = c.close(200, "".into()).await;
     }
 
-    /// Removes a binding through the management API.
-    pub fn unbind(&self, exchange: &str, queue: &str, routing_key: &str) {
-        let path = format!("/api/bindings/{}/e/{exchange}/q/{queue}/{}", self.name, encode(routing_key));
-        let (status, body) = http(&self.broker.mgmt, "DELETE", &path, None);
-        assert!(status == 204 || status == 200, "unbind: {status} {body}");
+    /// Removes a binding.
+    pub async fn unbind(&self, exchange: &str, queue: &str, routing_key: &str) {
+        let c = self.connect().await;
+        let ch = c.create_channel().await.unwrap();
+        ch.queue_unbind(queue.into(), exchange.into(), routing_key.into(), FieldTable::default())
+            .await
+            .unwrap_or_else(|e| panic!("unbind {exchange} -> {queue}: {e}"));
+        let _ = c.close(200, "".into()).await;
     }
 
     /// Forces every connection of this vhost closed (`rabbitmqctl close_all_connections`).
     pub fn close_connections(&self) {
         self.broker.ctl(&["close_all_connections", "-p", &self.name, "rabbitkit fault test"]);
     }
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Waits until `check` returns true, polling every 50 ms; panics with `what` after `timeout`.

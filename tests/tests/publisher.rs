@@ -111,12 +111,14 @@ async fn connections_closed_mid_stream_fail_pending_then_resume() {
     vh.declare_queue("ok", FieldTable::default()).await;
     let p = publisher(vh.url(), PublisherConfig { max_in_flight: 8, ..Default::default() });
     p.connect().await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut joins = Vec::new();
     for _ in 0..8 {
         let p = p.clone();
+        let stop = stop.clone();
         joins.push(tokio::spawn(async move {
             let (mut confirmed, mut other) = (0u32, 0u32);
-            for _ in 0..150 {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 match p.publish(Envelope::new("", "ok", vec![1u8; 256])).await.unwrap() {
                     o if o.is_confirmed() => confirmed += 1,
                     _ => other += 1,
@@ -128,6 +130,8 @@ async fn connections_closed_mid_stream_fail_pending_then_resume() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let closer = vh.clone();
     tokio::task::spawn_blocking(move || closer.close_connections()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (mut confirmed, mut other) = (0, 0);
     for j in joins {
         let (c, o) = j.await.unwrap();
