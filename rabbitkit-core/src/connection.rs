@@ -71,11 +71,17 @@ impl ConnectionConfig {
         let mut url = self.url.clone();
         if !url.contains("heartbeat=") {
             url.push(sep);
-            url.push_str(&format!("heartbeat={}", self.heartbeat.as_secs().clamp(1, 600)));
+            url.push_str(&format!(
+                "heartbeat={}",
+                self.heartbeat.as_secs().clamp(1, 600)
+            ));
         }
         if !url.contains("connection_timeout=") {
             url.push(if url.contains('?') { '&' } else { '?' });
-            url.push_str(&format!("connection_timeout={}", self.connect_timeout.as_millis()));
+            url.push_str(&format!(
+                "connection_timeout={}",
+                self.connect_timeout.as_millis()
+            ));
         }
         url
     }
@@ -156,16 +162,15 @@ impl Connector {
     pub(crate) async fn get(&self, wait: Duration) -> Result<Arc<Conn>> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut slot = self.slot.lock().await;
-        if let Some(c) = &slot.current {
-            if c.is_usable() {
-                return Ok(c.clone());
-            }
+        if let Some(c) = slot.current.as_ref().filter(|c| c.is_usable()) {
+            return Ok(c.clone());
         }
         if let Some(old) = slot.current.take() {
             tracing::warn!(connection = %self.name, generation = old.generation, "connection lost; reconnecting");
         }
         loop {
-            let attempt = tokio::time::timeout_at(deadline, self.connect_once(slot.generation + 1)).await;
+            let attempt =
+                tokio::time::timeout_at(deadline, self.connect_once(slot.generation + 1)).await;
             match attempt {
                 Ok(Ok(conn)) => {
                     slot.generation += 1;
@@ -198,8 +203,7 @@ impl Connector {
     }
 
     async fn connect_once(&self, generation: u64) -> Result<Conn> {
-        let props = ConnectionProperties::default()
-            .with_connection_name(self.name.clone().into());
+        let props = ConnectionProperties::default().with_connection_name(self.name.clone().into());
         let conn = Connection::connect(&self.cfg.url_with_options(), props)
             .await
             .map_err(|e| Error::Connection(Box::new(e)))?;
@@ -262,7 +266,11 @@ mod tests {
             panic!("expected InvalidUrl");
         };
         assert!(!reason.contains("s3cret"));
-        assert!(ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f").validate().is_ok());
+        assert!(
+            ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f")
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]

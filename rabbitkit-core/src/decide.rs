@@ -91,6 +91,9 @@ pub enum CopyKind {
 /// What to do with the original delivery.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+// One Decision per delivery, moved once into the settler: boxing would add an allocation
+// on the hot path for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Decision {
     /// Ack it.
     Ack,
@@ -183,15 +186,26 @@ pub(crate) fn auto(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> 
     }
 }
 
-fn retry_or_park(spec: &SettleSpec, d: &Delivery, after: Option<Duration>, failure: Failure) -> Decision {
+fn retry_or_park(
+    spec: &SettleSpec,
+    d: &Delivery,
+    after: Option<Duration>,
+    failure: Failure,
+) -> Decision {
     let attempt = d.attempt().number;
     match spec.retry.next(attempt, after) {
         RetryStep::Tier(tier) => {
             let next_attempt = attempt.saturating_add(1);
             let tier_queue = retry::tier_queue(&spec.queue, tier);
             let mut h = evidence(spec, d, &failure);
-            h.insert(headers::ATTEMPT.into(), AMQPValue::LongLongInt(i64::from(next_attempt)));
-            h.insert(headers::RETRY_TIER.into(), long_string(&retry::tier_label(tier)));
+            h.insert(
+                headers::ATTEMPT.into(),
+                AMQPValue::LongLongInt(i64::from(next_attempt)),
+            );
+            h.insert(
+                headers::RETRY_TIER.into(),
+                long_string(&retry::tier_label(tier)),
+            );
             Decision::Republish {
                 copy: copy(d, retry::retry_exchange(&spec.queue), tier_queue, h),
                 kind: CopyKind::Retry { tier, next_attempt },
@@ -204,7 +218,10 @@ fn retry_or_park(spec: &SettleSpec, d: &Delivery, after: Option<Duration>, failu
 
 fn park(spec: &SettleSpec, d: &Delivery, reason: ParkReason, failure: Failure) -> Decision {
     let mut h = evidence(spec, d, &failure);
-    h.insert(headers::ATTEMPT.into(), AMQPValue::LongLongInt(i64::from(d.attempt().number)));
+    h.insert(
+        headers::ATTEMPT.into(),
+        AMQPValue::LongLongInt(i64::from(d.attempt().number)),
+    );
     h.insert(headers::PARK_REASON.into(), long_string(reason.as_str()));
     Decision::Republish {
         copy: copy(d, String::new(), retry::parking_queue(&spec.queue), h),
@@ -222,13 +239,22 @@ fn evidence(spec: &SettleSpec, d: &Delivery, failure: &Failure) -> FieldTable {
     }
     h.insert(headers::LAST_FAILURE_AT.into(), now);
     h.insert(headers::ORIGINAL_EXCHANGE.into(), long_string(d.exchange()));
-    h.insert(headers::ORIGINAL_ROUTING_KEY.into(), long_string(d.routing_key()));
+    h.insert(
+        headers::ORIGINAL_ROUTING_KEY.into(),
+        long_string(d.routing_key()),
+    );
     h.insert(headers::SOURCE_QUEUE.into(), long_string(d.queue()));
     h.insert(headers::HANDLER.into(), long_string(&spec.handler));
-    h.insert(headers::ERROR_KIND.into(), long_string(names::truncate(&failure.kind, 64)));
+    h.insert(
+        headers::ERROR_KIND.into(),
+        long_string(names::truncate(&failure.kind, 64)),
+    );
     h.insert(
         headers::ERROR_MESSAGE.into(),
-        long_string(names::truncate(&failure.message, headers::MAX_ERROR_MESSAGE)),
+        long_string(names::truncate(
+            &failure.message,
+            headers::MAX_ERROR_MESSAGE,
+        )),
     );
     h
 }
@@ -236,7 +262,9 @@ fn evidence(spec: &SettleSpec, d: &Delivery, failure: &Failure) -> FieldTable {
 /// A persistent copy with the original's identifying properties and no expiration.
 fn copy(d: &Delivery, exchange: String, routing_key: String, headers: FieldTable) -> Envelope {
     let o = d.properties();
-    let mut p = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+    let mut p = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
     if let Some(v) = o.message_id() {
         p = p.with_message_id(v.clone());
     }
@@ -287,7 +315,8 @@ mod tests {
         SettleSpec {
             queue: "orders".into(),
             handler: "handle_order".into(),
-            retry: RetryPolicy::new([Duration::from_secs(5), Duration::from_secs(30)]).max_attempts(3),
+            retry: RetryPolicy::new([Duration::from_secs(5), Duration::from_secs(30)])
+                .max_attempts(3),
             classifier: Arc::new(DefaultClassifier),
             policy,
             fallback: ManualFallback::NackRequeue,
@@ -312,8 +341,17 @@ mod tests {
 
     #[test]
     fn unknown_error_goes_to_the_first_tier_with_evidence() {
-        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::error("db down"));
-        let Decision::Republish { copy, kind, failure } = d else {
+        let d = decide(
+            &spec(AckPolicy::Auto),
+            &delivery(1),
+            Outcome::error("db down"),
+        );
+        let Decision::Republish {
+            copy,
+            kind,
+            failure,
+        } = d
+        else {
             panic!("expected a retry copy, got {d:?}");
         };
         assert_eq!(
@@ -339,11 +377,20 @@ mod tests {
 
     #[test]
     fn last_attempt_parks_with_max_attempts() {
-        let d = decide(&spec(AckPolicy::Auto), &delivery(3), Outcome::error("still down"));
+        let d = decide(
+            &spec(AckPolicy::Auto),
+            &delivery(3),
+            Outcome::error("still down"),
+        );
         let Decision::Republish { copy, kind, .. } = d else {
             panic!("expected a parking copy");
         };
-        assert_eq!(kind, CopyKind::Park { reason: ParkReason::MaxAttempts });
+        assert_eq!(
+            kind,
+            CopyKind::Park {
+                reason: ParkReason::MaxAttempts
+            }
+        );
         assert_eq!(copy.exchange_name(), "");
         assert_eq!(copy.routing_key(), "orders.parking");
         assert_eq!(h(&copy, headers::ATTEMPT), Some(&AMQPValue::LongLongInt(3)));
@@ -355,10 +402,34 @@ mod tests {
 
     #[test]
     fn permanent_errors_and_decode_failures_park_at_once() {
-        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::error(Permanent::new("bad sku")));
-        assert!(matches!(d, Decision::Republish { kind: CopyKind::Park { reason: ParkReason::Permanent }, .. }));
-        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::park(Failure::decode("eof")));
-        assert!(matches!(d, Decision::Republish { kind: CopyKind::Park { reason: ParkReason::Decode }, .. }));
+        let d = decide(
+            &spec(AckPolicy::Auto),
+            &delivery(1),
+            Outcome::error(Permanent::new("bad sku")),
+        );
+        assert!(matches!(
+            d,
+            Decision::Republish {
+                kind: CopyKind::Park {
+                    reason: ParkReason::Permanent
+                },
+                ..
+            }
+        ));
+        let d = decide(
+            &spec(AckPolicy::Auto),
+            &delivery(1),
+            Outcome::park(Failure::decode("eof")),
+        );
+        assert!(matches!(
+            d,
+            Decision::Republish {
+                kind: CopyKind::Park {
+                    reason: ParkReason::Decode
+                },
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -366,28 +437,52 @@ mod tests {
         let d = Delivery::builder("orders", "x")
             .header(headers::FIRST_FAILURE_AT, AMQPValue::LongLongInt(7))
             .build();
-        let Decision::Republish { copy, .. } = decide(&spec(AckPolicy::Auto), &d, Outcome::error("e")) else {
+        let Decision::Republish { copy, .. } =
+            decide(&spec(AckPolicy::Auto), &d, Outcome::error("e"))
+        else {
             panic!("expected a copy");
         };
-        assert_eq!(h(&copy, headers::FIRST_FAILURE_AT), Some(&AMQPValue::LongLongInt(7)));
+        assert_eq!(
+            h(&copy, headers::FIRST_FAILURE_AT),
+            Some(&AMQPValue::LongLongInt(7))
+        );
     }
 
     #[test]
     fn policies_map_outcomes() {
         let d = delivery(1);
-        assert!(matches!(decide(&spec(AckPolicy::NackOnError), &d, Outcome::error("x")), Decision::Reject));
-        assert!(matches!(decide(&spec(AckPolicy::AckFirst), &d, Outcome::error("x")), Decision::Nothing));
-        assert!(matches!(decide(&spec(AckPolicy::Manual), &d, Outcome::Settled), Decision::Nothing));
-        assert!(matches!(decide(&spec(AckPolicy::Manual), &d, Outcome::Ack), Decision::Requeue));
+        assert!(matches!(
+            decide(&spec(AckPolicy::NackOnError), &d, Outcome::error("x")),
+            Decision::Reject
+        ));
+        assert!(matches!(
+            decide(&spec(AckPolicy::AckFirst), &d, Outcome::error("x")),
+            Decision::Nothing
+        ));
+        assert!(matches!(
+            decide(&spec(AckPolicy::Manual), &d, Outcome::Settled),
+            Decision::Nothing
+        ));
+        assert!(matches!(
+            decide(&spec(AckPolicy::Manual), &d, Outcome::Ack),
+            Decision::Requeue
+        ));
         let mut s = spec(AckPolicy::Manual);
         s.fallback = ManualFallback::Auto;
         assert!(matches!(decide(&s, &d, Outcome::Ack), Decision::Ack));
-        assert!(matches!(decide(&spec(AckPolicy::Auto), &d, Outcome::Requeue), Decision::Requeue));
+        assert!(matches!(
+            decide(&spec(AckPolicy::Auto), &d, Outcome::Requeue),
+            Decision::Requeue
+        ));
     }
 
     #[test]
     fn long_error_messages_are_truncated() {
-        let d = decide(&spec(AckPolicy::Auto), &delivery(1), Outcome::error("e".repeat(10_000)));
+        let d = decide(
+            &spec(AckPolicy::Auto),
+            &delivery(1),
+            Outcome::error("e".repeat(10_000)),
+        );
         let Decision::Republish { copy, .. } = d else {
             panic!("expected a copy");
         };

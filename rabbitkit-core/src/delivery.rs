@@ -19,7 +19,9 @@ pub struct Extensions {
 
 impl std::fmt::Debug for Extensions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Extensions").field("len", &self.map.len()).finish()
+        f.debug_struct("Extensions")
+            .field("len", &self.map.len())
+            .finish()
     }
 }
 
@@ -98,7 +100,10 @@ impl Delivery {
 
     /// The exchange and routing key of this very delivery, as the broker reported them.
     pub fn received_route(&self) -> (&str, &str) {
-        (&self.inner.received_exchange, &self.inner.received_routing_key)
+        (
+            &self.inner.received_exchange,
+            &self.inner.received_routing_key,
+        )
     }
 
     /// Whether the broker flagged this as a redelivery (a duplicate may have been handled).
@@ -123,7 +128,11 @@ impl Delivery {
 
     /// The message id, if the publisher set one.
     pub fn message_id(&self) -> Option<&str> {
-        self.inner.properties.message_id().as_ref().map(|s| s.as_str())
+        self.inner
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str())
     }
 
     /// The work queue it was consumed from.
@@ -247,8 +256,14 @@ mod tests {
     fn original_route_is_restored_from_headers() {
         let d = Delivery::builder("orders", "x")
             .route("", "orders")
-            .header(headers::ORIGINAL_EXCHANGE, AMQPValue::LongString("shop".into()))
-            .header(headers::ORIGINAL_ROUTING_KEY, AMQPValue::LongString("order.created.eu".into()))
+            .header(
+                headers::ORIGINAL_EXCHANGE,
+                AMQPValue::LongString("shop".into()),
+            )
+            .header(
+                headers::ORIGINAL_ROUTING_KEY,
+                AMQPValue::LongString("order.created.eu".into()),
+            )
             .attempt(3)
             .build();
         assert_eq!(d.routing_key(), "order.created.eu");

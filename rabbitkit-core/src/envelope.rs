@@ -25,7 +25,11 @@ pub struct Envelope {
 
 impl Envelope {
     /// A message for `exchange` (`""` is the default exchange) with `routing_key`.
-    pub fn new(exchange: impl Into<String>, routing_key: impl Into<String>, body: impl Into<Bytes>) -> Self {
+    pub fn new(
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        body: impl Into<Bytes>,
+    ) -> Self {
         Self {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
@@ -49,21 +53,27 @@ impl Envelope {
     /// Sets the message id.
     #[must_use]
     pub fn message_id(mut self, id: impl Into<String>) -> Self {
-        self.properties = self.properties.with_message_id(ShortString::from(clip(id.into())));
+        self.properties = self
+            .properties
+            .with_message_id(ShortString::from(clip(id.into())));
         self
     }
 
     /// Sets the correlation id.
     #[must_use]
     pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
-        self.properties = self.properties.with_correlation_id(ShortString::from(clip(id.into())));
+        self.properties = self
+            .properties
+            .with_correlation_id(ShortString::from(clip(id.into())));
         self
     }
 
     /// Sets the content type.
     #[must_use]
     pub fn content_type(mut self, ct: impl Into<String>) -> Self {
-        self.properties = self.properties.with_content_type(ShortString::from(clip(ct.into())));
+        self.properties = self
+            .properties
+            .with_content_type(ShortString::from(clip(ct.into())));
         self
     }
 
@@ -117,7 +127,7 @@ impl Envelope {
         &self.body
     }
 
-    /// The properties, headers included once [`Envelope::prepare`] ran.
+    /// The properties, headers included, once the envelope was prepared for publishing.
     pub fn basic_properties(&self) -> &BasicProperties {
         &self.properties
     }
@@ -169,7 +179,9 @@ impl Envelope {
         if size > max_properties {
             return Err(Error::InvalidHeader {
                 name: "(all headers)".into(),
-                reason: format!("properties take about {size} bytes, over the {max_properties}-byte frame budget"),
+                reason: format!(
+                    "properties take about {size} bytes, over the {max_properties}-byte frame budget"
+                ),
             });
         }
         Ok(Prepared {
@@ -209,7 +221,7 @@ fn check_value(name: &str, v: &AMQPValue, depth: usize) -> Result<()> {
     }
     match v {
         AMQPValue::FieldTable(t) => {
-            for (_, inner) in t.inner() {
+            for inner in t.inner().values() {
                 check_value(name, inner, depth + 1)?;
             }
         }
@@ -290,7 +302,9 @@ mod tests {
 
     #[test]
     fn defaults_are_persistent_mandatory_with_an_id() {
-        let p = Envelope::new("", "q", "x").prepare(1024, 4096).unwrap_or_else(|e| panic!("{e}"));
+        let p = Envelope::new("", "q", "x")
+            .prepare(1024, 4096)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(*p.properties.delivery_mode(), Some(2));
         assert!(p.mandatory);
         assert!(p.properties.message_id().is_some());
@@ -314,10 +328,15 @@ mod tests {
         ));
         assert!(matches!(
             Envelope::new("", "q", vec![0u8; 2000]).prepare(1024, 4096),
-            Err(Error::BodyTooLarge { size: 2000, max: 1024 })
+            Err(Error::BodyTooLarge {
+                size: 2000,
+                max: 1024
+            })
         ));
         assert!(matches!(
-            Envelope::new("", "q", "x").header(long, 1i32).prepare(1024, 4096),
+            Envelope::new("", "q", "x")
+                .header(long, 1i32)
+                .prepare(1024, 4096),
             Err(Error::InvalidHeader { .. })
         ));
         assert!(matches!(
@@ -336,10 +355,14 @@ mod tests {
 
     #[test]
     fn json_sets_content_type() {
-        let e = Envelope::json("", "q", &serde_json::json!({"a": 1})).unwrap_or_else(|e| panic!("{e}"));
+        let e =
+            Envelope::json("", "q", &serde_json::json!({"a": 1})).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(e.body().as_ref(), br#"{"a":1}"#);
         assert_eq!(
-            e.basic_properties().content_type().as_ref().map(|s| s.as_str()),
+            e.basic_properties()
+                .content_type()
+                .as_ref()
+                .map(|s| s.as_str()),
             Some("application/json")
         );
     }

@@ -65,7 +65,9 @@ impl From<JsonRejection> for Outcome {
 impl<T: DeserializeOwned> FromDelivery for Json<T> {
     type Rejection = JsonRejection;
     fn from_delivery(d: &Delivery) -> Result<Self, JsonRejection> {
-        serde_json::from_slice(d.body()).map(Json).map_err(JsonRejection)
+        serde_json::from_slice(d.body())
+            .map(Json)
+            .map_err(JsonRejection)
     }
 }
 
@@ -155,7 +157,9 @@ pub struct NotManual;
 
 impl From<NotManual> for Outcome {
     fn from(_: NotManual) -> Self {
-        tracing::error!("handler takes a Settle handle but the subscriber is not in manual ack mode");
+        tracing::error!(
+            "handler takes a Settle handle but the subscriber is not in manual ack mode"
+        );
         Outcome::Requeue
     }
 }

@@ -181,7 +181,9 @@ impl Attempt {
         let (own, forged) = match get(headers, ATTEMPT) {
             None => (None, None),
             Some(v) => match int(v) {
-                Some(n) if (1..=i64::from(MAX_ATTEMPT)).contains(&n) => (u32::try_from(n).ok(), None),
+                Some(n) if (1..=i64::from(MAX_ATTEMPT)).contains(&n) => {
+                    (u32::try_from(n).ok(), None)
+                }
                 Some(n) => (None, Some(format!("out of range: {n}"))),
                 None => (None, Some(format!("not an integer: {v:?}"))),
             },
@@ -239,7 +241,10 @@ mod tests {
         let mut h = FieldTable::default();
         h.insert(ATTEMPT.into(), AMQPValue::LongLongInt(3));
         // 4.x restarts x-death at 1: the own header still says 3.
-        h.insert("x-death".into(), xdeath(&[("orders.retry.5s", "expired", 1)]));
+        h.insert(
+            "x-death".into(),
+            xdeath(&[("orders.retry.5s", "expired", 1)]),
+        );
         let a = Attempt::from_headers(Some(&h), "orders");
         assert_eq!(a.number, 3);
         assert!(a.from_header);
@@ -251,7 +256,10 @@ mod tests {
         h.insert(ATTEMPT.into(), AMQPValue::LongInt(1));
         h.insert(
             "x-death".into(),
-            xdeath(&[("orders.retry.5s", "expired", 4), ("other.retry.5s", "expired", 9)]),
+            xdeath(&[
+                ("orders.retry.5s", "expired", 4),
+                ("other.retry.5s", "expired", 9),
+            ]),
         );
         assert_eq!(Attempt::from_headers(Some(&h), "orders").number, 5);
     }

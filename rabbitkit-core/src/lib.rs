@@ -22,14 +22,16 @@ pub mod topology;
 pub mod worker;
 
 pub use connection::ConnectionConfig;
+pub use delivery::Delivery;
 pub use envelope::Envelope;
 pub use error::{BoxError, Error, Result};
-pub use outcome::{Classify, DefaultClassifier, ErrorClass, Failure, IntoOutcome, Outcome, Permanent};
+pub use manual::Settle;
+pub use outcome::{
+    Classify, DefaultClassifier, ErrorClass, Failure, IntoOutcome, Outcome, Permanent,
+};
+pub use policy::{AckPolicy, ManualFallback};
 pub use publisher::{PendingConfirm, PublishOutcome, Publisher, PublisherConfig, PublisherStats};
 pub use retry::RetryPolicy;
-pub use delivery::Delivery;
-pub use manual::Settle;
-pub use policy::{AckPolicy, ManualFallback};
 pub use settle::SettleReport;
 pub use stats::SubscriberStats;
 pub use subscriber::{IntoSubscriber, Subscriber};

@@ -12,7 +12,11 @@ use crate::settle::SettleReport;
 
 /// Where a settle request goes (the broker in production, a recorder in the test kit).
 pub(crate) trait SettleSink: Send + Sync + 'static {
-    fn settle(&self, delivery: Delivery, outcome: Outcome) -> Pin<Box<dyn Future<Output = SettleReport> + Send + '_>>;
+    fn settle(
+        &self,
+        delivery: Delivery,
+        outcome: Outcome,
+    ) -> Pin<Box<dyn Future<Output = SettleReport> + Send + '_>>;
 }
 
 /// Settles a delivery by hand (manual ack mode). Clone it into the task that commits.
@@ -33,7 +37,9 @@ struct Shared {
 
 impl std::fmt::Debug for Settle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Settle").field("settled", &self.is_settled()).finish()
+        f.debug_struct("Settle")
+            .field("settled", &self.is_settled())
+            .finish()
     }
 }
 
@@ -50,12 +56,20 @@ impl Settle {
 
     /// Links the delivery (after it is built with this handle inside).
     pub(crate) fn attach(&self, d: Delivery) {
-        *self.shared.delivery.lock().unwrap_or_else(|p| p.into_inner()) = Some(d);
+        *self
+            .shared
+            .delivery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(d);
     }
 
     /// Breaks the handle ↔ delivery cycle once the handler is done.
     pub(crate) fn detach(&self) {
-        self.shared.delivery.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.shared
+            .delivery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 
     /// Takes the right to settle; false when the handler already settled.
@@ -103,7 +117,12 @@ impl Settle {
             tracing::warn!("delivery settled twice; the second settle is ignored");
             return SettleReport::Nothing;
         }
-        let d = self.shared.delivery.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let d = self
+            .shared
+            .delivery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         match d {
             Some(d) => self.shared.sink.settle(d, outcome).await,
             None => {

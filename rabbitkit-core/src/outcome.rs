@@ -99,7 +99,10 @@ impl Failure {
     }
 
     /// Describes a boxed error, with its chain of sources.
-    pub fn from_error(kind: impl Into<Cow<'static, str>>, e: &(dyn std::error::Error + 'static)) -> Self {
+    pub fn from_error(
+        kind: impl Into<Cow<'static, str>>,
+        e: &(dyn std::error::Error + 'static),
+    ) -> Self {
         let mut message = e.to_string();
         let mut src = e.source();
         while let Some(s) = src {
@@ -262,7 +265,10 @@ mod tests {
     #[test]
     fn results_become_outcomes() {
         assert!(matches!(Ok::<(), String>(()).into_outcome(), Outcome::Ack));
-        assert!(matches!(Err::<(), _>("x").into_outcome(), Outcome::Error(_)));
+        assert!(matches!(
+            Err::<(), _>("x").into_outcome(),
+            Outcome::Error(_)
+        ));
         assert!(matches!(
             Ok::<_, String>(Outcome::Requeue).into_outcome(),
             Outcome::Requeue

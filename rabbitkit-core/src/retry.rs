@@ -117,7 +117,9 @@ impl RetryPolicy {
             }
         }
         if self.max_attempts == 0 {
-            return Err(crate::Error::Config("max-attempts must be at least 1".into()));
+            return Err(crate::Error::Config(
+                "max-attempts must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -138,7 +140,9 @@ impl RetryPolicy {
                 .or_else(|| sorted.last().copied());
             return pick.map_or(RetryStep::Exhausted, RetryStep::Tier);
         }
-        let i = (attempt as usize).saturating_sub(1).min(self.tiers.len() - 1);
+        let i = (attempt as usize)
+            .saturating_sub(1)
+            .min(self.tiers.len() - 1);
         RetryStep::Tier(self.tiers[i])
     }
 
@@ -173,11 +177,11 @@ pub fn tier_queue(queue: &str, delay: Duration) -> String {
 /// The compact label of a delay: `500ms`, `5s`, `1m`, `2h`.
 pub fn tier_label(delay: Duration) -> String {
     let ms = delay.as_millis();
-    if ms >= 3_600_000 && ms % 3_600_000 == 0 {
+    if ms >= 3_600_000 && ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms >= 60_000 && ms % 60_000 == 0 {
+    } else if ms >= 60_000 && ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms >= 1000 && ms % 1000 == 0 {
+    } else if ms >= 1000 && ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -233,7 +237,10 @@ mod tests {
         assert_eq!(tier_queue("orders", secs(60)), "orders.retry.1m");
         assert_eq!(tier_queue("orders", secs(7200)), "orders.retry.2h");
         assert_eq!(tier_queue("orders", secs(90)), "orders.retry.90s");
-        assert_eq!(tier_queue("orders", Duration::from_millis(1500)), "orders.retry.1500ms");
+        assert_eq!(
+            tier_queue("orders", Duration::from_millis(1500)),
+            "orders.retry.1500ms"
+        );
     }
 
     #[test]
@@ -257,8 +264,8 @@ mod tests {
 
     #[test]
     fn deserializes_strictly_from_toml_like_json() {
-        let p: RetryPolicy =
-            serde_json::from_str(r#"{"tiers":["1s","1m"],"max-attempts":3}"#).unwrap_or_else(|e| panic!("{e}"));
+        let p: RetryPolicy = serde_json::from_str(r#"{"tiers":["1s","1m"],"max-attempts":3}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.tiers, vec![secs(1), secs(60)]);
         assert_eq!(p.max_attempts, 3);
         assert!(serde_json::from_str::<RetryPolicy>(r#"{"tiers":[],"max-attemps":3}"#).is_err());

@@ -65,7 +65,11 @@ impl Settler {
             Decision::Ack => self.ack(acker, SettleReport::Acked).await,
             Decision::Requeue => self.nack(acker, true).await,
             Decision::Reject => self.nack(acker, false).await,
-            Decision::Republish { copy, kind, failure } => {
+            Decision::Republish {
+                copy,
+                kind,
+                failure,
+            } => {
                 let outcome = match self.publisher.publish(copy).await {
                     Ok(o) => o,
                     // An invalid copy (e.g. a header over the frame budget) is not publishable:
@@ -131,7 +135,9 @@ impl Settler {
     fn lost(&self, err: Option<lapin::Error>) -> SettleReport {
         Counters::inc(&self.counters.ack_lost);
         match err {
-            Some(e) => tracing::warn!(error = %e, "settle failed: channel gone, the broker will redeliver"),
+            Some(e) => {
+                tracing::warn!(error = %e, "settle failed: channel gone, the broker will redeliver")
+            }
             None => tracing::warn!("settle found its channel gone; the broker will redeliver"),
         }
         SettleReport::ChannelGone

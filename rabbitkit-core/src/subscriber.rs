@@ -139,7 +139,9 @@ impl Subscriber {
 
     /// An extra work-queue argument (checked for dead-letter cycles at startup).
     pub fn queue_argument(mut self, name: &str, value: impl Into<AMQPValue>) -> Self {
-        self.topology.queue_arguments.insert(name.into(), value.into());
+        self.topology
+            .queue_arguments
+            .insert(name.into(), value.into());
         self
     }
 

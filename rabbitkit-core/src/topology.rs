@@ -101,14 +101,20 @@ impl Topology {
 
     /// The tier queue names.
     pub fn tier_queues(&self) -> Vec<String> {
-        self.tiers.iter().map(|t| retry::tier_queue(&self.queue, *t)).collect()
+        self.tiers
+            .iter()
+            .map(|t| retry::tier_queue(&self.queue, *t))
+            .collect()
     }
 
     /// The work queue's arguments: rabbitkit's, then the user's on top.
     pub fn work_arguments(&self) -> FieldTable {
         let mut a = FieldTable::default();
         a.insert("x-dead-letter-exchange".into(), ls(""));
-        a.insert("x-dead-letter-routing-key".into(), ls(&self.parking_queue()));
+        a.insert(
+            "x-dead-letter-routing-key".into(),
+            ls(&self.parking_queue()),
+        );
         if self.queue_type == QueueType::Quorum {
             a.insert("x-queue-type".into(), ls("quorum"));
             a.insert(
@@ -139,22 +145,35 @@ impl Topology {
     /// messages silently), quorum dead-lettering with no target.
     pub fn validate(&self) -> Result<()> {
         names::check_queue(&self.queue)?;
-        for n in self.tier_queues().iter().chain([&self.parking_queue(), &self.retry_exchange()]) {
+        for n in self
+            .tier_queues()
+            .iter()
+            .chain([&self.parking_queue(), &self.retry_exchange()])
+        {
             names::check("derived queue name", n)?;
         }
         for b in &self.bindings {
             names::check("exchange name", &b.exchange)?;
             names::check("routing key", &b.routing_key)?;
         }
-        if self.tiers.iter().any(|t| t.is_zero() || t.as_millis() > i32::MAX as u128) {
-            return Err(Error::Topology("retry tiers must be between 1ms and about 24 days".into()));
+        if self
+            .tiers
+            .iter()
+            .any(|t| t.is_zero() || t.as_millis() > i32::MAX as u128)
+        {
+            return Err(Error::Topology(
+                "retry tiers must be between 1ms and about 24 days".into(),
+            ));
         }
         exchange_kind(&self.exchange_kind)?;
         let args = self.work_arguments();
         let arg = |k: &str| args.inner().get(k);
         let dlx = arg("x-dead-letter-exchange").and_then(headers::string);
         let dlk = arg("x-dead-letter-routing-key").and_then(headers::string);
-        let quorum = matches!(arg("x-queue-type").and_then(headers::string).as_deref(), Some("quorum"));
+        let quorum = matches!(
+            arg("x-queue-type").and_then(headers::string).as_deref(),
+            Some("quorum")
+        );
         // Ways the broker dead-letters without a rejection.
         let mut silent = Vec::new();
         if quorum {
@@ -185,7 +204,8 @@ impl Topology {
         let tiers = self.tier_queues();
         let retry_x = self.retry_exchange();
         let cycles = if dlx.is_empty() {
-            dlk.as_deref().is_some_and(|k| k == self.queue || tiers.iter().any(|t| t == k))
+            dlk.as_deref()
+                .is_some_and(|k| k == self.queue || tiers.iter().any(|t| t == k))
         } else if dlx == retry_x {
             dlk.as_deref().is_none_or(|k| tiers.iter().any(|t| t == k))
         } else {
@@ -219,12 +239,20 @@ impl Topology {
         };
         let mut seen = Vec::new();
         for b in &self.bindings {
-            if b.exchange.is_empty() || b.exchange.starts_with("amq.") || seen.contains(&&b.exchange) {
+            if b.exchange.is_empty()
+                || b.exchange.starts_with("amq.")
+                || seen.contains(&&b.exchange)
+            {
                 continue;
             }
             seen.push(&b.exchange);
             channel
-                .exchange_declare(b.exchange.as_str().into(), kind.clone(), xopts, FieldTable::default())
+                .exchange_declare(
+                    b.exchange.as_str().into(),
+                    kind.clone(),
+                    xopts,
+                    FieldTable::default(),
+                )
                 .await
                 .map_err(|e| declare_err(format!("exchange {:?}", b.exchange), e))?;
         }
@@ -233,7 +261,11 @@ impl Topology {
             .queue_declare(parking.as_str().into(), qopts, FieldTable::default())
             .await
             .map_err(|e| declare_err(format!("parking queue {parking:?}"), e))?;
-        let work_args = if passive { FieldTable::default() } else { self.work_arguments() };
+        let work_args = if passive {
+            FieldTable::default()
+        } else {
+            self.work_arguments()
+        };
         channel
             .queue_declare(self.queue.as_str().into(), qopts, work_args)
             .await
@@ -241,19 +273,34 @@ impl Topology {
         if !self.tiers.is_empty() {
             let rx = self.retry_exchange();
             channel
-                .exchange_declare(rx.as_str().into(), ExchangeKind::Direct, xopts, FieldTable::default())
+                .exchange_declare(
+                    rx.as_str().into(),
+                    ExchangeKind::Direct,
+                    xopts,
+                    FieldTable::default(),
+                )
                 .await
                 .map_err(|e| declare_err(format!("retry exchange {rx:?}"), e))?;
             for t in retry_dedup(&self.tiers) {
                 let name = retry::tier_queue(&self.queue, t);
-                let args = if passive { FieldTable::default() } else { self.tier_arguments(t) };
+                let args = if passive {
+                    FieldTable::default()
+                } else {
+                    self.tier_arguments(t)
+                };
                 channel
                     .queue_declare(name.as_str().into(), qopts, args)
                     .await
                     .map_err(|e| declare_err(format!("retry tier {name:?}"), e))?;
                 if !passive {
                     channel
-                        .queue_bind(name.as_str().into(), rx.as_str().into(), name.as_str().into(), QueueBindOptions::default(), FieldTable::default())
+                        .queue_bind(
+                            name.as_str().into(),
+                            rx.as_str().into(),
+                            name.as_str().into(),
+                            QueueBindOptions::default(),
+                            FieldTable::default(),
+                        )
                         .await
                         .map_err(|e| declare_err(format!("binding of tier {name:?}"), e))?;
                 }
@@ -273,7 +320,9 @@ impl Topology {
                         FieldTable::default(),
                     )
                     .await
-                    .map_err(|e| declare_err(format!("binding {:?} → {:?}", b.exchange, self.queue), e))?;
+                    .map_err(|e| {
+                        declare_err(format!("binding {:?} → {:?}", b.exchange, self.queue), e)
+                    })?;
             }
         }
         Ok(())
@@ -334,20 +383,28 @@ mod tests {
     fn quorum_delivery_limit_into_a_tier_is_a_refused_cycle() {
         let mut q = topo();
         q.queue_type = QueueType::Quorum;
-        q.queue_arguments.insert("x-dead-letter-exchange".into(), ls("orders.retry"));
-        q.queue_arguments.insert("x-dead-letter-routing-key".into(), ls("orders.retry.5s"));
-        let err = q.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        q.queue_arguments
+            .insert("x-dead-letter-exchange".into(), ls("orders.retry"));
+        q.queue_arguments
+            .insert("x-dead-letter-routing-key".into(), ls("orders.retry.5s"));
+        let err = q
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("drops such messages silently"), "{err}");
     }
 
     #[test]
     fn ttl_dead_lettering_into_itself_is_refused_but_rejection_only_is_fine() {
         let mut t = topo();
-        t.queue_arguments.insert("x-dead-letter-routing-key".into(), ls("orders.retry.30s"));
+        t.queue_arguments
+            .insert("x-dead-letter-routing-key".into(), ls("orders.retry.30s"));
         // Classic queue without TTL or max-length: only rejections dead-letter, which the
         // broker lets cycle.
         assert!(t.validate().is_ok());
-        t.queue_arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(1000));
+        t.queue_arguments
+            .insert("x-message-ttl".into(), AMQPValue::LongInt(1000));
         assert!(t.validate().is_err());
     }
 
@@ -355,15 +412,23 @@ mod tests {
     fn quorum_without_dead_letter_target_is_refused() {
         let mut q = topo();
         q.queue_type = QueueType::Quorum;
-        q.queue_arguments.insert("x-dead-letter-exchange".into(), AMQPValue::Void);
-        let err = q.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        q.queue_arguments
+            .insert("x-dead-letter-exchange".into(), AMQPValue::Void);
+        let err = q
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("delivery-limit"), "{err}");
     }
 
     #[test]
     fn bad_names_are_refused() {
         assert!(Topology::new("").validate().is_err());
-        assert!(Topology::new("q".repeat(250)).validate().is_err(), "derived tier names overflow");
+        assert!(
+            Topology::new("q".repeat(250)).validate().is_err(),
+            "derived tier names overflow"
+        );
         let mut t = topo();
         t.exchange_kind = "x-weird".into();
         assert!(t.validate().is_err());
@@ -372,6 +437,9 @@ mod tests {
     #[test]
     fn tier_ttl_is_an_integer_not_a_timestamp() {
         let a = topo().tier_arguments(Duration::from_secs(5));
-        assert_eq!(a.inner().get("x-message-ttl"), Some(&AMQPValue::LongInt(5000)));
+        assert_eq!(
+            a.inner().get("x-message-ttl"),
+            Some(&AMQPValue::LongInt(5000))
+        );
     }
 }

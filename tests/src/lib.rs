@@ -4,7 +4,12 @@
 //! The broker comes from the environment `scripts/test` sets (`RABBITKIT_TEST_AMQP`,
 //! `RABBITKIT_TEST_MGMT`, `RABBITKIT_TEST_VERSION`). Without it every test fails at once with
 //! a message saying how to start one: tests never skip silently.
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    unreachable_pub
+)]
 
 use std::future::Future;
 use std::io::{Read, Write};
@@ -14,8 +19,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    QueueDeleteOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
@@ -53,12 +58,38 @@ impl Broker {
     /// `scripts/broker` if it is not running. Instance numbers must be unique per test.
     pub fn private(instance: u32) -> Self {
         let shared = Self::from_env();
-        let out = broker_script(&["start", "--version", &shared.version, "--instance", &instance.to_string()]);
-        assert!(out.status.success(), "cannot start private broker {instance}: {}", String::from_utf8_lossy(&out.stderr));
-        let url = broker_script(&["url", "--version", &shared.version, "--instance", &instance.to_string(), "--base"]);
-        let mgmt = broker_script(&["mgmt-url", "--version", &shared.version, "--instance", &instance.to_string()]);
+        let out = broker_script(&[
+            "start",
+            "--version",
+            &shared.version,
+            "--instance",
+            &instance.to_string(),
+        ]);
+        assert!(
+            out.status.success(),
+            "cannot start private broker {instance}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let url = broker_script(&[
+            "url",
+            "--version",
+            &shared.version,
+            "--instance",
+            &instance.to_string(),
+            "--base",
+        ]);
+        let mgmt = broker_script(&[
+            "mgmt-url",
+            "--version",
+            &shared.version,
+            "--instance",
+            &instance.to_string(),
+        ]);
         Self {
-            amqp: String::from_utf8_lossy(&url.stdout).trim().trim_end_matches('/').to_owned(),
+            amqp: String::from_utf8_lossy(&url.stdout)
+                .trim()
+                .trim_end_matches('/')
+                .to_owned(),
             mgmt: String::from_utf8_lossy(&mgmt.stdout).trim().to_owned(),
             version: shared.version,
             instance,
@@ -85,23 +116,36 @@ impl Broker {
         let (status, body) = http(&self.mgmt, "GET", "/api/overview", None);
         assert_eq!(status, 200, "overview: {body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        v["rabbitmq_version"].as_str().unwrap_or_default().to_owned()
+        v["rabbitmq_version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
 
     /// A fresh vhost, deleted on drop (also when the test fails).
     pub fn vhost(&self, hint: &str) -> Vhost {
         static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!("rk-{hint}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "rk-{hint}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let path = format!("/api/vhosts/{name}");
         let (status, body) = http(&self.mgmt, "PUT", &path, Some("{}"));
-        assert!(status == 201 || status == 204, "create vhost {name}: {status} {body}");
+        assert!(
+            status == 201 || status == 204,
+            "create vhost {name}: {status} {body}"
+        );
         let (status, body) = http(
             &self.mgmt,
             "PUT",
             &format!("/api/permissions/{name}/guest"),
             Some(r#"{"configure":".*","write":".*","read":".*"}"#),
         );
-        assert!(status == 201 || status == 204, "permissions on {name}: {status} {body}");
+        assert!(
+            status == 201 || status == 204,
+            "permissions on {name}: {status} {body}"
+        );
         Vhost {
             broker: self.clone(),
             name,
@@ -127,7 +171,12 @@ pub struct Vhost {
 
 impl Drop for Vhost {
     fn drop(&mut self) {
-        let _ = http(&self.broker.mgmt, "DELETE", &format!("/api/vhosts/{}", self.name), None);
+        let _ = http(
+            &self.broker.mgmt,
+            "DELETE",
+            &format!("/api/vhosts/{}", self.name),
+            None,
+        );
     }
 }
 
@@ -180,22 +229,40 @@ impl Vhost {
     pub async fn declare_queue(&self, name: &str, args: FieldTable) {
         let c = self.connect().await;
         let ch = c.create_channel().await.unwrap();
-        ch.queue_declare(name.into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
-            .await
-            .unwrap_or_else(|e| panic!("declare {name}: {e}"));
+        ch.queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("declare {name}: {e}"));
         let _ = c.close(200, "".into()).await;
     }
 
     /// Publishes one persistent message with confirms and asserts it was confirmed.
-    pub async fn publish_raw(&self, exchange: &str, routing_key: &str, body: &[u8], props: BasicProperties) {
+    pub async fn publish_raw(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) {
         let c = self.connect().await;
         let ch = c.create_channel().await.unwrap();
-        ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
         let confirm = ch
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
-                BasicPublishOptions { mandatory: true, immediate: false },
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
                 body,
                 props.with_delivery_mode(2),
             )
@@ -203,13 +270,18 @@ impl Vhost {
             .unwrap()
             .await
             .unwrap();
-        assert!(matches!(confirm, Confirmation::Ack(None)), "raw publish not confirmed: {confirm:?}");
+        assert!(
+            matches!(confirm, Confirmation::Ack(None)),
+            "raw publish not confirmed: {confirm:?}"
+        );
         let _ = c.close(200, "".into()).await;
     }
 
     /// Ready messages in `queue` (passive declare; panics if it does not exist).
     pub async fn depth(&self, queue: &str) -> u32 {
-        self.try_depth(queue).await.unwrap_or_else(|| panic!("queue {queue} does not exist"))
+        self.try_depth(queue)
+            .await
+            .unwrap_or_else(|| panic!("queue {queue} does not exist"))
     }
 
     /// Ready messages in `queue`, `None` if it does not exist.
@@ -217,7 +289,14 @@ impl Vhost {
         let c = self.connect().await;
         let ch = c.create_channel().await.unwrap();
         let r = ch
-            .queue_declare(queue.into(), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default())
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
             .await
             .ok()
             .map(|q| q.message_count());
@@ -231,7 +310,11 @@ impl Vhost {
         let ch = c.create_channel().await.unwrap();
         let mut out = Vec::new();
         while out.len() < max {
-            let Some(m) = ch.basic_get(queue.into(), BasicGetOptions { no_ack: false }).await.unwrap() else {
+            let Some(m) = ch
+                .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+                .await
+                .unwrap()
+            else {
                 break;
             };
             let d = m.delivery;
@@ -251,14 +334,18 @@ impl Vhost {
     pub async fn purge(&self, queue: &str) {
         let c = self.connect().await;
         let ch = c.create_channel().await.unwrap();
-        let _ = ch.queue_purge(queue.into(), QueuePurgeOptions::default()).await;
+        let _ = ch
+            .queue_purge(queue.into(), QueuePurgeOptions::default())
+            .await;
         let _ = c.close(200, "".into()).await;
     }
 
     pub async fn delete_queue(&self, queue: &str) {
         let c = self.connect().await;
         let ch = c.create_channel().await.unwrap();
-        ch.queue_delete(queue.into(), QueueDeleteOptions::default()).await.unwrap();
+        ch.queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
         let _ = c.close(200, "".into()).await;
     }
 
@@ -266,15 +353,25 @@ impl Vhost {
     pub async fn unbind(&self, exchange: &str, queue: &str, routing_key: &str) {
         let c = self.connect().await;
         let ch = c.create_channel().await.unwrap();
-        ch.queue_unbind(queue.into(), exchange.into(), routing_key.into(), FieldTable::default())
-            .await
-            .unwrap_or_else(|e| panic!("unbind {exchange} -> {queue}: {e}"));
+        ch.queue_unbind(
+            queue.into(),
+            exchange.into(),
+            routing_key.into(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("unbind {exchange} -> {queue}: {e}"));
         let _ = c.close(200, "".into()).await;
     }
 
     /// Forces every connection of this vhost closed (`rabbitmqctl close_all_connections`).
     pub fn close_connections(&self) {
-        self.broker.ctl(&["close_all_connections", "-p", &self.name, "rabbitkit fault test"]);
+        self.broker.ctl(&[
+            "close_all_connections",
+            "-p",
+            &self.name,
+            "rabbitkit fault test",
+        ]);
     }
 }
 
@@ -289,7 +386,10 @@ where
         if check().await {
             return;
         }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for: {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -297,7 +397,8 @@ where
 /// A minimal blocking HTTP/1.0 client with guest:guest basic auth, for the management API.
 pub fn http(base: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
     let host = base.trim_start_matches("http://");
-    let mut s = TcpStream::connect(host).unwrap_or_else(|e| panic!("management API at {base}: {e}. {HOW}"));
+    let mut s =
+        TcpStream::connect(host).unwrap_or_else(|e| panic!("management API at {base}: {e}. {HOW}"));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let body = body.unwrap_or("");
     let req = format!(
@@ -308,8 +409,15 @@ pub fn http(base: &str, method: &str, path: &str, body: Option<&str>) -> (u16, S
     s.write_all(req.as_bytes()).unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
-    let status = resp.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     (status, body)
 }
 

@@ -1,10 +1,11 @@
 //! Proves the harness: fresh vhost, durable queue, confirmed persistent publish, consume,
 //! ack, and the broker version the run expects.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use futures_util::StreamExt;
+use lapin::BasicProperties;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
-use lapin::BasicProperties;
 use rabbitkit_tests::Broker;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,17 +18,26 @@ async fn harness_publishes_consumes_and_acks_on_the_expected_broker() {
         broker.version
     );
     if broker.version == "3" {
-        assert!(version.starts_with("3.10."), "expected Debian's 3.10, got {version}");
+        assert!(
+            version.starts_with("3.10."),
+            "expected Debian's 3.10, got {version}"
+        );
     }
     let vh = broker.vhost("harness");
     vh.declare_queue("harness", FieldTable::default()).await;
-    vh.publish_raw("", "harness", b"hello", BasicProperties::default()).await;
+    vh.publish_raw("", "harness", b"hello", BasicProperties::default())
+        .await;
     assert_eq!(vh.depth("harness").await, 1);
 
     let c = vh.connect().await;
     let ch = c.create_channel().await.unwrap();
     let mut consumer = ch
-        .basic_consume("harness".into(), "t".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            "harness".into(),
+            "t".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     let d = tokio::time::timeout(std::time::Duration::from_secs(10), consumer.next())

@@ -1,16 +1,17 @@
 //! The subscriber runtime against a real broker: one test per row of the guarantee table.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 use rabbitkit_core::extract::{Json, RoutingKey};
 use rabbitkit_core::headers::{self, Attempt};
 use rabbitkit_core::{
-    AckPolicy, BoxError, ConnectionConfig, Error, Outcome, Permanent, QueueType, RetryPolicy, Settle, Subscriber,
-    Worker, WorkerHandle,
+    AckPolicy, BoxError, ConnectionConfig, Error, Outcome, Permanent, QueueType, RetryPolicy,
+    Settle, Subscriber, Worker, WorkerHandle,
 };
 use rabbitkit_tests::{Broker, Vhost, table, wait_until};
 
@@ -26,8 +27,23 @@ async fn start(vh: &Vhost, s: Subscriber) -> WorkerHandle {
         .unwrap_or_else(|e| panic!("worker start: {e}"))
 }
 
+/// Publishes `{"id":N}` JSON for every id in `ids`.
+async fn publish_orders(vh: &Vhost, exchange: &str, key: &str, ids: impl IntoIterator<Item = u64>) {
+    for id in ids {
+        vh.publish_raw(
+            exchange,
+            key,
+            format!(r#"{{"id":{id}}}"#).as_bytes(),
+            props_json(),
+        )
+        .await;
+    }
+}
+
 fn props_json() -> BasicProperties {
-    BasicProperties::default().with_content_type("application/json".into()).with_message_id("m-1".into())
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_message_id("m-1".into())
 }
 
 #[derive(serde::Deserialize)]
@@ -49,10 +65,11 @@ async fn success_is_acked_after_the_handler_returns() {
     })
     .bind("shop", "order.*");
     let w = start(&vh, sub).await;
-    for id in 1..=10 {
-        vh.publish_raw("shop", "order.created", format!(r#"{{"id":{id}}}"#).as_bytes(), props_json()).await;
-    }
-    wait_until(WAIT, "10 acks", || async { w.stats("orders").unwrap().acked == 10 }).await;
+    publish_orders(&vh, "shop", "order.created", 1..=10).await;
+    wait_until(WAIT, "10 acks", || async {
+        w.stats("orders").unwrap().acked == 10
+    })
+    .await;
     assert_eq!(seen.load(Ordering::SeqCst), 55);
     let r = w.shutdown().await;
     assert_eq!(vh.depth("orders").await, 0);
@@ -69,21 +86,31 @@ async fn transient_failure_is_retried_through_the_tier_then_succeeds_keeping_the
         let keys = k2.clone();
         async move {
             keys.lock().unwrap().push((rk, a.number));
-            if a.number <= 3 { Err::<(), BoxError>("transient".into()) } else { Ok(()) }
+            if a.number <= 3 {
+                Err::<(), BoxError>("transient".into())
+            } else {
+                Ok(())
+            }
         }
     })
     .bind("shop", "order.#")
     .retry(RetryPolicy::new([TIER]).max_attempts(5));
     let w = start(&vh, sub).await;
-    vh.publish_raw("shop", "order.created.eu", b"{}", props_json()).await;
-    wait_until(WAIT, "success on attempt 4", || async { w.stats("orders").unwrap().acked == 4 }).await;
+    vh.publish_raw("shop", "order.created.eu", b"{}", props_json())
+        .await;
+    wait_until(WAIT, "success on attempt 4", || async {
+        w.stats("orders").unwrap().acked == 4
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!(st.retried, 3);
     assert_eq!(st.parked, 0);
     let keys = keys.lock().unwrap().clone();
     assert_eq!(
         keys,
-        (1..=4).map(|n| ("order.created.eu".to_owned(), n)).collect::<Vec<_>>(),
+        (1..=4)
+            .map(|n| ("order.created.eu".to_owned(), n))
+            .collect::<Vec<_>>(),
         "routing key preserved through 3 retries, attempts counted 1..4"
     );
     assert_eq!(vh.depth("orders.retry.200ms").await, 0);
@@ -94,24 +121,50 @@ async fn transient_failure_is_retried_through_the_tier_then_succeeds_keeping_the
 async fn max_attempts_parks_with_body_routing_key_error_and_attempts() {
     let broker = Broker::from_env();
     let vh = broker.vhost("sub-park");
-    let sub = Subscriber::new("orders", || async { Err::<(), BoxError>("db unavailable".into()) })
-        .bind("shop", "order.*")
-        .retry(RetryPolicy::new([TIER]).max_attempts(3));
+    let sub = Subscriber::new("orders", || async {
+        Err::<(), BoxError>("db unavailable".into())
+    })
+    .bind("shop", "order.*")
+    .retry(RetryPolicy::new([TIER]).max_attempts(3));
     let w = start(&vh, sub).await;
-    vh.publish_raw("shop", "order.paid", br#"{"id":7}"#, props_json()).await;
-    wait_until(WAIT, "parked", || async { vh.depth("orders.parking").await == 1 }).await;
+    vh.publish_raw("shop", "order.paid", br#"{"id":7}"#, props_json())
+        .await;
+    wait_until(WAIT, "parked", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!((st.retried, st.parked, st.acked), (2, 1, 3));
     let parked = vh.get_all("orders.parking", 10).await;
     assert_eq!(parked.len(), 1);
     let m = &parked[0];
     assert_eq!(m.body, br#"{"id":7}"#);
-    assert_eq!(m.header_str(headers::ORIGINAL_ROUTING_KEY).as_deref(), Some("order.paid"));
-    assert_eq!(m.header_str(headers::ORIGINAL_EXCHANGE).as_deref(), Some("shop"));
-    assert_eq!(m.header_str(headers::ERROR_MESSAGE).as_deref(), Some("db unavailable"));
-    assert_eq!(m.header_str(headers::PARK_REASON).as_deref(), Some("max-attempts"));
-    assert_eq!(m.header_int(headers::ATTEMPT), Some(3), "attempts counted on RabbitMQ {}", broker.version);
-    assert_eq!(m.properties.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
+    assert_eq!(
+        m.header_str(headers::ORIGINAL_ROUTING_KEY).as_deref(),
+        Some("order.paid")
+    );
+    assert_eq!(
+        m.header_str(headers::ORIGINAL_EXCHANGE).as_deref(),
+        Some("shop")
+    );
+    assert_eq!(
+        m.header_str(headers::ERROR_MESSAGE).as_deref(),
+        Some("db unavailable")
+    );
+    assert_eq!(
+        m.header_str(headers::PARK_REASON).as_deref(),
+        Some("max-attempts")
+    );
+    assert_eq!(
+        m.header_int(headers::ATTEMPT),
+        Some(3),
+        "attempts counted on RabbitMQ {}",
+        broker.version
+    );
+    assert_eq!(
+        m.properties.message_id().as_ref().map(|s| s.as_str()),
+        Some("m-1")
+    );
     assert_eq!(*m.properties.delivery_mode(), Some(2));
     assert_eq!(vh.depth("orders").await, 0);
 }
@@ -130,25 +183,37 @@ async fn poison_payload_is_parked_at_once_with_the_decode_error() {
     })
     .retry(RetryPolicy::new([TIER]));
     let w = start(&vh, sub).await;
-    vh.publish_raw("", "orders", b"{not json", props_json()).await;
-    wait_until(WAIT, "parked", || async { vh.depth("orders.parking").await == 1 }).await;
+    vh.publish_raw("", "orders", b"{not json", props_json())
+        .await;
+    wait_until(WAIT, "parked", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!((st.retried, st.parked), (0, 1));
     assert_eq!(runs.load(Ordering::SeqCst), 0, "handler body never ran");
     let m = &vh.get_all("orders.parking", 1).await[0];
     assert_eq!(m.header_str(headers::ERROR_KIND).as_deref(), Some("decode"));
-    assert_eq!(m.header_str(headers::PARK_REASON).as_deref(), Some("decode"));
+    assert_eq!(
+        m.header_str(headers::PARK_REASON).as_deref(),
+        Some("decode")
+    );
     assert_eq!(m.body, b"{not json");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn permanent_error_parks_without_retrying() {
     let vh = Broker::from_env().vhost("sub-perm");
-    let sub = Subscriber::new("orders", || async { Err::<(), _>(Permanent::new("unknown sku")) })
-        .retry(RetryPolicy::new([TIER]));
+    let sub = Subscriber::new("orders", || async {
+        Err::<(), _>(Permanent::new("unknown sku"))
+    })
+    .retry(RetryPolicy::new([TIER]));
     let w = start(&vh, sub).await;
     vh.publish_raw("", "orders", b"x", props_json()).await;
-    wait_until(WAIT, "parked", || async { vh.depth("orders.parking").await == 1 }).await;
+    wait_until(WAIT, "parked", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!((st.retried, st.parked), (0, 1));
 }
@@ -168,18 +233,28 @@ async fn retry_publish_returned_leaves_original_unacked_and_redelivered() {
     .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
     let w = start(&vh, sub).await;
     // Break the tier: the retry copy is now unroutable (mandatory → returned).
-    vh.unbind("orders.retry", "orders.retry.1m", "orders.retry.1m").await;
+    vh.unbind("orders.retry", "orders.retry.1m", "orders.retry.1m")
+        .await;
     vh.publish_raw("", "orders", b"keep me", props_json()).await;
     wait_until(WAIT, "two failed settlements", || async {
         w.stats("orders").unwrap().settlement_failures >= 2
     })
     .await;
     let st = w.shutdown().await.subscribers["orders"];
-    assert_eq!(st.acked, 0, "original must never be acked while its copy is returned");
+    assert_eq!(
+        st.acked, 0,
+        "original must never be acked while its copy is returned"
+    );
     assert_eq!(st.retried, 0);
     assert!(st.requeued >= 2);
-    assert!(runs.load(Ordering::SeqCst) >= 2, "redelivered and handled again");
-    wait_until(WAIT, "original back in the queue", || async { vh.depth("orders").await == 1 }).await;
+    assert!(
+        runs.load(Ordering::SeqCst) >= 2,
+        "redelivered and handled again"
+    );
+    wait_until(WAIT, "original back in the queue", || async {
+        vh.depth("orders").await == 1
+    })
+    .await;
     assert_eq!(vh.depth("orders.retry.1m").await, 0);
     let m = &vh.get_all("orders", 1).await[0];
     assert_eq!(m.body, b"keep me");
@@ -204,14 +279,26 @@ async fn retry_publish_nacked_leaves_original_unacked() {
     .await;
     let c = vh.connect().await;
     let ch = c.create_channel().await.unwrap();
-    ch.queue_bind("orders.retry.1m".into(), "orders.retry".into(), "orders.retry.1m".into(), Default::default(), FieldTable::default())
-        .await
-        .unwrap();
+    ch.queue_bind(
+        "orders.retry.1m".into(),
+        "orders.retry".into(),
+        "orders.retry.1m".into(),
+        Default::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
     vh.publish_raw("", "orders", b"keep me", props_json()).await;
-    wait_until(WAIT, "a failed settlement", || async { w.stats("orders").unwrap().settlement_failures >= 1 }).await;
+    wait_until(WAIT, "a failed settlement", || async {
+        w.stats("orders").unwrap().settlement_failures >= 1
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!(st.acked, 0, "nacked copy: original not acked");
-    wait_until(WAIT, "original back in the queue", || async { vh.depth("orders").await == 1 }).await;
+    wait_until(WAIT, "original back in the queue", || async {
+        vh.depth("orders").await == 1
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -228,22 +315,36 @@ async fn connection_closed_mid_handler_redelivers_and_loses_nothing() {
         }
     })
     .prefetch(10);
-    vh.declare_queue("orders", Subscriber::new("orders", || async { Outcome::Ack }).topology().work_arguments()).await;
-    for id in 0..60 {
-        vh.publish_raw("", "orders", format!(r#"{{"id":{id}}}"#).as_bytes(), props_json()).await;
-    }
+    vh.declare_queue(
+        "orders",
+        Subscriber::new("orders", || async { Outcome::Ack })
+            .topology()
+            .work_arguments(),
+    )
+    .await;
+    publish_orders(&vh, "", "orders", 0..60).await;
     let w = start(&vh, sub).await;
-    wait_until(WAIT, "10 handled", || async { done.lock().unwrap().len() >= 10 }).await;
-    let v2 = vh.clone();
-    tokio::task::spawn_blocking(move || v2.close_connections()).await.unwrap();
-    wait_until(Duration::from_secs(40), "all 60 handled and the queue empty", || async {
-        done.lock().unwrap().len() == 60 && vh.depth("orders").await == 0
+    wait_until(WAIT, "10 handled", || async {
+        done.lock().unwrap().len() >= 10
     })
+    .await;
+    let v2 = vh.clone();
+    tokio::task::spawn_blocking(move || v2.close_connections())
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(40),
+        "all 60 handled and the queue empty",
+        || async { done.lock().unwrap().len() == 60 && vh.depth("orders").await == 0 },
+    )
     .await;
     // Acked-by-us counts may include duplicates; what matters is nothing is left behind.
     let st = w.shutdown().await.subscribers["orders"];
     assert!(st.acked >= 60 - st.ack_lost.min(60), "{st:?}");
-    assert!(st.ack_lost >= 1, "the cut poisoned in-flight ackers: {st:?}");
+    assert!(
+        st.ack_lost >= 1,
+        "the cut poisoned in-flight ackers: {st:?}"
+    );
     assert_eq!(vh.depth("orders").await, 0);
 }
 
@@ -265,7 +366,10 @@ async fn manual_handler_that_forgets_to_settle_gets_the_fallback() {
     .ack_policy(AckPolicy::Manual);
     let w = start(&vh, sub).await;
     vh.publish_raw("", "orders", b"x", props_json()).await;
-    wait_until(WAIT, "settled by the second run", || async { w.stats("orders").unwrap().acked == 1 }).await;
+    wait_until(WAIT, "settled by the second run", || async {
+        w.stats("orders").unwrap().acked == 1
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!(st.unsettled, 1);
     assert_eq!(st.requeued, 1, "fallback is nack-requeue");
@@ -286,7 +390,10 @@ async fn manual_retry_goes_through_the_confirmed_path() {
     .retry(RetryPolicy::new([TIER]));
     let w = start(&vh, sub).await;
     vh.publish_raw("", "orders", b"x", props_json()).await;
-    wait_until(WAIT, "acked after one retry", || async { w.stats("orders").unwrap().acked == 2 }).await;
+    wait_until(WAIT, "acked after one retry", || async {
+        w.stats("orders").unwrap().acked == 2
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!((st.retried, st.unsettled), (1, 0));
 }
@@ -307,34 +414,44 @@ async fn shutdown_settles_in_flight_handlers_and_requeues_stragglers() {
         .start()
         .await
         .unwrap();
-    for id in 0..10 {
-        vh.publish_raw("", "orders", format!(r#"{{"id":{id}}}"#).as_bytes(), props_json()).await;
-    }
-    wait_until(WAIT, "10 in flight", || async { w.stats("orders").unwrap().consumed == 10 }).await;
+    publish_orders(&vh, "", "orders", 0..10).await;
+    wait_until(WAIT, "10 in flight", || async {
+        w.stats("orders").unwrap().consumed == 10
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!(st.acked, 5, "finished handlers settled: {st:?}");
     assert_eq!(st.requeued, 5, "stragglers requeued: {st:?}");
-    wait_until(WAIT, "stragglers back in the queue", || async { vh.depth("orders").await == 5 }).await;
+    wait_until(WAIT, "stragglers back in the queue", || async {
+        vh.depth("orders").await == 5
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn panics_and_deadlines_become_retries_and_the_worker_keeps_running() {
     let vh = Broker::from_env().vhost("sub-panic");
-    let sub = Subscriber::new("orders", |a: Attempt, rabbitkit_core::extract::Body(b): rabbitkit_core::extract::Body| async move {
-        if a.number == 1 && b.as_ref() == b"panic" {
-            panic!("boom");
-        }
-        if a.number == 1 && b.as_ref() == b"slow" {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        }
-        Ok::<_, BoxError>(())
-    })
+    let sub = Subscriber::new(
+        "orders",
+        |a: Attempt, rabbitkit_core::extract::Body(b): rabbitkit_core::extract::Body| async move {
+            if a.number == 1 && b.as_ref() == b"panic" {
+                panic!("boom");
+            }
+            if a.number == 1 && b.as_ref() == b"slow" {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            Ok::<_, BoxError>(())
+        },
+    )
     .deadline(Duration::from_millis(300))
     .retry(RetryPolicy::new([TIER]));
     let w = start(&vh, sub).await;
     vh.publish_raw("", "orders", b"panic", props_json()).await;
     vh.publish_raw("", "orders", b"slow", props_json()).await;
-    wait_until(WAIT, "both succeed on attempt 2", || async { w.stats("orders").unwrap().acked == 4 }).await;
+    wait_until(WAIT, "both succeed on attempt 2", || async {
+        w.stats("orders").unwrap().acked == 4
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!((st.panics, st.timeouts, st.retried), (1, 1, 2));
 }
@@ -347,7 +464,10 @@ async fn quorum_work_queue_retries_and_parks() {
         .retry(RetryPolicy::new([TIER]).max_attempts(2));
     let w = start(&vh, sub).await;
     vh.publish_raw("", "orders", b"q", props_json()).await;
-    wait_until(WAIT, "parked", || async { vh.depth("orders.parking").await == 1 }).await;
+    wait_until(WAIT, "parked", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
     let st = w.shutdown().await.subscribers["orders"];
     assert_eq!((st.retried, st.parked), (1, 1));
 }
@@ -357,10 +477,20 @@ async fn dead_letter_cycle_topology_is_refused_before_declaring() {
     let vh = Broker::from_env().vhost("sub-cycle");
     let sub = Subscriber::new("orders", || async { Outcome::Ack })
         .queue_type(QueueType::Quorum)
-        .queue_argument("x-dead-letter-exchange", AMQPValue::LongString("orders.retry".into()))
-        .queue_argument("x-dead-letter-routing-key", AMQPValue::LongString("orders.retry.200ms".into()))
+        .queue_argument(
+            "x-dead-letter-exchange",
+            AMQPValue::LongString("orders.retry".into()),
+        )
+        .queue_argument(
+            "x-dead-letter-routing-key",
+            AMQPValue::LongString("orders.retry.200ms".into()),
+        )
         .retry(RetryPolicy::new([TIER]));
-    let err = Worker::new(ConnectionConfig::new(vh.url())).subscribe(sub).start().await.unwrap_err();
+    let err = Worker::new(ConnectionConfig::new(vh.url()))
+        .subscribe(sub)
+        .start()
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Topology(_)), "{err}");
     assert_eq!(vh.try_depth("orders").await, None, "nothing was declared");
 }
@@ -368,9 +498,14 @@ async fn dead_letter_cycle_topology_is_refused_before_declaring() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inequivalent_existing_queue_is_a_clear_startup_error() {
     let vh = Broker::from_env().vhost("sub-406");
-    vh.declare_queue("orders", table(&[("x-max-length", AMQPValue::LongInt(5))])).await;
+    vh.declare_queue("orders", table(&[("x-max-length", AMQPValue::LongInt(5))]))
+        .await;
     let sub = Subscriber::new("orders", || async { Outcome::Ack });
-    let err = Worker::new(ConnectionConfig::new(vh.url())).subscribe(sub).start().await.unwrap_err();
+    let err = Worker::new(ConnectionConfig::new(vh.url()))
+        .subscribe(sub)
+        .start()
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Declare { .. }), "{err}");
     assert!(err.to_string().contains("work queue"), "{err}");
 }

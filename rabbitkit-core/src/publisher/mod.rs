@@ -23,8 +23,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel};
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
@@ -127,7 +127,9 @@ impl Publisher {
     /// with capped backoff after a loss.
     pub fn new(connection: ConnectionConfig, cfg: PublisherConfig) -> Result<Self> {
         if cfg.max_in_flight == 0 {
-            return Err(Error::Config("publisher max-in-flight must be at least 1".into()));
+            return Err(Error::Config(
+                "publisher max-in-flight must be at least 1".into(),
+            ));
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -185,7 +187,9 @@ impl Publisher {
             Ok((conn, gen_channel, confirm)) => {
                 let inner = self.inner.clone();
                 tokio::spawn(async move {
-                    let outcome = inner.await_confirm(conn, gen_channel, confirm, started, deadline, permit).await;
+                    let outcome = inner
+                        .await_confirm(conn, gen_channel, confirm, started, deadline, permit)
+                        .await;
                     let _ = tx.send(outcome);
                 });
             }
@@ -200,7 +204,10 @@ impl Publisher {
 
     /// Publishes every envelope with the window kept full; yields `(index, result)` in
     /// completion order.
-    pub fn publish_many<I>(&self, envelopes: I) -> impl Stream<Item = (usize, Result<PublishOutcome>)> + Send + 'static
+    pub fn publish_many<I>(
+        &self,
+        envelopes: I,
+    ) -> impl Stream<Item = (usize, Result<PublishOutcome>)> + Send + 'static
     where
         I: IntoIterator<Item = Envelope>,
         I::IntoIter: Send + 'static,
@@ -238,7 +245,11 @@ impl Publisher {
     pub async fn close(&self, deadline: Duration) {
         let all = u32::try_from(self.inner.cfg.max_in_flight).unwrap_or(u32::MAX);
         let _ = tokio::time::timeout(deadline, self.inner.permits.acquire_many(all)).await;
-        self.inner.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.inner
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.inner.connector.close().await;
     }
 
@@ -246,7 +257,8 @@ impl Publisher {
         &self,
         p: Prepared,
         deadline: Instant,
-    ) -> std::result::Result<(Arc<Conn>, (u64, Channel), lapin::PublisherConfirm), PublishOutcome> {
+    ) -> std::result::Result<(Arc<Conn>, (u64, Channel), lapin::PublisherConfirm), PublishOutcome>
+    {
         let wait = deadline.saturating_duration_since(Instant::now());
         let conn = self
             .inner
@@ -310,16 +322,18 @@ impl Inner {
             Ok(Ok(Confirmation::Ack(None))) => PublishOutcome::Confirmed {
                 latency: started.elapsed(),
             },
-            Ok(Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret)))) if ret.reply_code != 0 => {
+            Ok(Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret))))
+                if ret.reply_code != 0 =>
+            {
                 PublishOutcome::Returned {
                     reply_code: ret.reply_code,
                     reply_text: ret.reply_text.to_string(),
                 }
             }
             Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(_))) => PublishOutcome::Nacked,
-            Ok(Ok(Confirmation::NotRequested)) => PublishOutcome::Failed(Error::Amqp(
-                "channel is not in confirm mode".into(),
-            )),
+            Ok(Ok(Confirmation::NotRequested)) => {
+                PublishOutcome::Failed(Error::Amqp("channel is not in confirm mode".into()))
+            }
             Ok(Err(e)) => PublishOutcome::Failed(Error::amqp(e)),
             Err(_) => PublishOutcome::TimedOut {
                 blocked: conn.is_blocked() || conn.block_count() != blocks_before,
@@ -328,10 +342,15 @@ impl Inner {
         // Only a channel whose one publish got a definite verdict goes back to the pool.
         let definite = matches!(
             outcome,
-            PublishOutcome::Confirmed { .. } | PublishOutcome::Returned { .. } | PublishOutcome::Nacked
+            PublishOutcome::Confirmed { .. }
+                | PublishOutcome::Returned { .. }
+                | PublishOutcome::Nacked
         );
         if definite && channel.1.status().connected() {
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(channel);
+            self.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(channel);
         }
         drop(permit);
         self.count(&outcome);
@@ -349,7 +368,10 @@ impl Inner {
                 );
                 tracing::trace!(latency_us = latency.as_micros() as u64, "publish confirmed");
             }
-            PublishOutcome::Returned { reply_code, reply_text } => {
+            PublishOutcome::Returned {
+                reply_code,
+                reply_text,
+            } => {
                 c.returned.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(reply_code, %reply_text, "publish returned");
             }
@@ -382,7 +404,9 @@ impl Future for PendingConfirm {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PublishOutcome> {
         Pin::new(&mut self.rx).poll(cx).map(|r| {
-            r.unwrap_or_else(|_| PublishOutcome::Failed(Error::Amqp("confirm task ended (runtime shut down)".into())))
+            r.unwrap_or_else(|_| {
+                PublishOutcome::Failed(Error::Amqp("confirm task ended (runtime shut down)".into()))
+            })
         })
     }
 }

@@ -146,7 +146,10 @@ impl SubscriberTask {
         // The worker's timer flips hard_stop at the deadline; stragglers then requeue
         // themselves. The extra bound covers a handler stuck in a settle.
         let bound = self.deadline + Duration::from_secs(15);
-        if tokio::time::timeout(bound, permits.acquire_many(all)).await.is_err() {
+        if tokio::time::timeout(bound, permits.acquire_many(all))
+            .await
+            .is_err()
+        {
             tracing::error!(queue = %self.topology.queue, "in-flight handlers did not settle in time; the broker requeues them on close");
         }
     }

@@ -93,16 +93,24 @@ impl Worker {
     /// the start: nothing is consumed.
     pub async fn start(self) -> Result<WorkerHandle> {
         if self.subscribers.is_empty() {
-            return Err(Error::Config("a worker needs at least one subscriber".into()));
+            return Err(Error::Config(
+                "a worker needs at least one subscriber".into(),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for s in &self.subscribers {
             s.validate()?;
             if !names.insert(s.name.clone()) {
-                return Err(Error::Config(format!("two subscribers are named {:?}", s.name)));
+                return Err(Error::Config(format!(
+                    "two subscribers are named {:?}",
+                    s.name
+                )));
             }
         }
-        let consumer = Arc::new(Connector::new(self.connection.clone(), "rabbitkit-consumer")?);
+        let consumer = Arc::new(Connector::new(
+            self.connection.clone(),
+            "rabbitkit-consumer",
+        )?);
         let publisher = Publisher::new(self.connection.clone(), self.publisher.clone())?;
         let wait = self.connection.connect_timeout;
         let conn = consumer.get(wait).await?;

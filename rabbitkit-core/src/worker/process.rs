@@ -155,7 +155,8 @@ impl Pipeline {
             };
             let manual = self.spec.policy == AckPolicy::Manual;
             if retryable && !manual && immediate < self.spec.retry.immediate_retries {
-                let seed = delivery.message_id().map_or(0, |m| m.len() as u64) ^ u64::from(immediate);
+                let seed =
+                    delivery.message_id().map_or(0, |m| m.len() as u64) ^ u64::from(immediate);
                 let pause = self.spec.retry.immediate_pause(immediate, seed);
                 immediate += 1;
                 tracing::debug!(immediate, ?pause, "immediate retry");
@@ -167,7 +168,11 @@ impl Pipeline {
     }
 
     async fn run_once(&self, delivery: &Delivery) -> Outcome {
-        let mut svc = self.service.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut svc = self
+            .service
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let d = delivery.clone();
         let call = async move {
             let ready = svc.ready().await?;
