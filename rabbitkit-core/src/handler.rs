@@ -15,6 +15,14 @@ pub type BoxOutcomeFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 
 /// An async function whose arguments are extractors and whose result converts into an
 /// [`Outcome`]. Implemented for functions of up to eight arguments.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a rabbitkit handler",
+    label = "not a handler",
+    note = "a handler is an `async fn` of at most 8 arguments, each an extractor (`Body`, \
+            `Json<T>`, `Headers`, `RoutingKey`, `MessageId`, `Attempt`, `State<T>`, `Settle`, \
+            `Option<E>`, your own `FromDelivery`), that is `Send` and returns something \
+            `IntoOutcome` (`()`, `Result<(), E: Into<BoxError>>`, `Outcome`)"
+)]
 pub trait Handler<Args>: Clone + Send + Sync + 'static {
     /// Runs the handler.
     fn call(&self, delivery: Delivery) -> BoxOutcomeFuture;

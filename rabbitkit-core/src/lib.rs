@@ -12,6 +12,7 @@ pub mod headers;
 pub mod manual;
 mod names;
 pub mod outcome;
+pub mod parking;
 pub mod policy;
 pub mod publisher;
 pub mod retry;
@@ -29,6 +30,7 @@ pub use manual::Settle;
 pub use outcome::{
     Classify, DefaultClassifier, ErrorClass, Failure, IntoOutcome, Outcome, Permanent,
 };
+pub use parking::{ParkedMessage, Parking, ReplayReport};
 pub use policy::{AckPolicy, ManualFallback};
 pub use publisher::{PendingConfirm, PublishOutcome, Publisher, PublisherConfig, PublisherStats};
 pub use retry::RetryPolicy;

@@ -48,10 +48,14 @@ impl std::fmt::Debug for Subscriber {
         f.debug_struct("Subscriber")
             .field("name", &self.name)
             .field("queue", &self.topology.queue)
+            .field("topology", &self.topology)
+            .field("mode", &self.mode)
             .field("policy", &self.policy)
+            .field("fallback", &self.fallback)
             .field("retry", &self.retry)
             .field("prefetch", &self.prefetch)
             .field("concurrency", &self.concurrency)
+            .field("deadline", &self.deadline)
             .finish_non_exhaustive()
     }
 }

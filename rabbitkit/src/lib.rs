@@ -44,11 +44,11 @@
 pub use rabbitkit_core::{
     AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery, Envelope, Error,
     ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome, PendingConfirm,
-    Permanent, PublishOutcome, Publisher, PublisherConfig, PublisherStats, QueueType, Result,
-    RetryPolicy, Settle, SettleReport, Subscriber, SubscriberStats, Topology, TopologyMode, Worker,
-    WorkerHandle, WorkerReport,
+    Permanent, PublishOutcome, Publisher, PublisherConfig, PublisherStats, QueueType, ReplayReport,
+    Result, RetryPolicy, Settle, SettleReport, Subscriber, SubscriberStats, Topology, TopologyMode,
+    Worker, WorkerHandle, WorkerReport,
 };
-pub use rabbitkit_core::{amqp, decide, extract, handler, headers, retry, topology};
+pub use rabbitkit_core::{amqp, decide, extract, handler, headers, parking, retry, topology};
 
 /// The names most handlers need.
 pub mod prelude {
@@ -59,5 +59,70 @@ pub mod prelude {
     pub use rabbitkit_core::{
         AckPolicy, BoxError, ConnectionConfig, Envelope, Failure, Outcome, Permanent,
         PublishOutcome, Publisher, QueueType, RetryPolicy, Settle, Subscriber, Worker,
+    };
+    #[cfg(feature = "macros")]
+    pub use rabbitkit_macros::subscriber;
+}
+
+/// Turns an `async fn` handler into a subscriber; see the attribute's keys below.
+///
+/// ```no_run
+/// use rabbitkit::prelude::*;
+///
+/// /// Ships paid orders.
+/// #[subscriber(queue = "shipping", exchange = "shop", routing_key = "order.paid",
+///              retry = ["1s", "30s", "5m"], max_attempts = 5, prefetch = 50, deadline = "20s")]
+/// async fn ship(Body(body): Body) -> Result<(), BoxError> {
+///     println!("shipping {} bytes", body.len());
+///     Ok(())
+/// }
+///
+/// # async fn run() -> rabbitkit::Result<()> {
+/// Worker::new(ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f"))
+///     .subscribe(ship)
+///     .run_until(async { /* a shutdown signal */ })
+///     .await?;
+/// # Ok(()) }
+/// ```
+///
+/// The function becomes a unit struct of the same name implementing [`IntoSubscriber`];
+/// `ship::handler` is the function itself (call it in tests), `ship::subscriber()` the
+/// [`Subscriber`] it stands for, `ship::NAME` and `ship::QUEUE` its name and queue. All the
+/// generated code is public builder calls, so anything the attribute does can be written by
+/// hand.
+///
+/// | key | value | builder call |
+/// |---|---|---|
+/// | `queue` (required) | `"orders"` | [`Subscriber::new`] |
+/// | `name` | `"orders-v2"` (default: the function name) | [`Subscriber::name`] |
+/// | `exchange` | `"shop"` (needs a routing key) | [`Subscriber::bind`] |
+/// | `routing_key` | `"order.*"` | [`Subscriber::bind`] |
+/// | `routing_keys` | `["order.created", "order.paid"]` | [`Subscriber::bind`] per key |
+/// | `exchange_kind` | `"topic"` (default), `"direct"`, `"fanout"`, `"headers"` | [`Subscriber::exchange_kind`] |
+/// | `queue_type` | `"classic"` (default), `"quorum"` | [`Subscriber::queue_type`] |
+/// | `delivery_limit` | `10` (quorum only) | [`Subscriber::delivery_limit`] |
+/// | `ack` | `"auto"` (default), `"manual"`, `"nack-on-error"`, `"ack-first"` | [`Subscriber::ack_policy`] |
+/// | `manual_fallback` | `"nack-requeue"` (default), `"auto"`, `"ack"`, `"reject"` | [`Subscriber::manual_fallback`] |
+/// | `retry` | `["1s", "30s", "5m"]`; `[]` parks on the first failure | [`Subscriber::retry`] |
+/// | `max_attempts` | `5` | [`RetryPolicy::max_attempts`] |
+/// | `immediate_retries` | `2` | [`RetryPolicy::immediate_retries`] |
+/// | `jitter` | `true` / `false` | [`RetryPolicy::jitter`] |
+/// | `prefetch` | `50` (1..=65535) | [`Subscriber::prefetch`] |
+/// | `concurrency` | `8` (at least 1) | [`Subscriber::concurrency`] |
+/// | `deadline` | `"30s"` | [`Subscriber::deadline`] |
+/// | `crate` | `"::my::rabbitkit"` (default `::rabbitkit`) | where the facade is |
+///
+/// Compile errors point at the offending token: an unknown key, a value of the wrong type,
+/// a bad duration, a non-async or generic function, `ack = "manual"` without a [`Settle`]
+/// parameter (or a `Settle` parameter without it).
+#[cfg(feature = "macros")]
+pub use rabbitkit_macros::subscriber;
+
+/// What `#[subscriber]` expands to. Not a public API: names here change without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use core::time::Duration;
+    pub use rabbitkit_core::{
+        AckPolicy, IntoSubscriber, ManualFallback, QueueType, RetryPolicy, Subscriber,
     };
 }

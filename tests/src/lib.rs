@@ -213,6 +213,20 @@ impl Got {
 }
 
 impl Vhost {
+    /// Starts a worker running `s` against this vhost (shutdown deadline 5 s); panics with
+    /// the error when it cannot start.
+    pub async fn start_worker(
+        &self,
+        s: rabbitkit_core::Subscriber,
+    ) -> rabbitkit_core::WorkerHandle {
+        rabbitkit_core::Worker::new(rabbitkit_core::ConnectionConfig::new(self.url()))
+            .shutdown_deadline(Duration::from_secs(5))
+            .subscribe(s)
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("worker start: {e}"))
+    }
+
     /// The AMQP URL of this vhost.
     pub fn url(&self) -> String {
         format!("{}/{}", self.broker.amqp, self.name)

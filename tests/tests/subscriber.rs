@@ -11,21 +11,12 @@ use rabbitkit_core::extract::{Json, RoutingKey};
 use rabbitkit_core::headers::{self, Attempt};
 use rabbitkit_core::{
     AckPolicy, BoxError, ConnectionConfig, Error, Outcome, Permanent, QueueType, RetryPolicy,
-    Settle, Subscriber, Worker, WorkerHandle,
+    Settle, Subscriber, Worker,
 };
 use rabbitkit_tests::{Broker, Vhost, table, wait_until};
 
 const TIER: Duration = Duration::from_millis(200);
 const WAIT: Duration = Duration::from_secs(20);
-
-async fn start(vh: &Vhost, s: Subscriber) -> WorkerHandle {
-    Worker::new(ConnectionConfig::new(vh.url()))
-        .shutdown_deadline(Duration::from_secs(5))
-        .subscribe(s)
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("worker start: {e}"))
-}
 
 /// Publishes `{"id":N}` JSON for every id in `ids`.
 async fn publish_orders(vh: &Vhost, exchange: &str, key: &str, ids: impl IntoIterator<Item = u64>) {
@@ -64,7 +55,7 @@ async fn success_is_acked_after_the_handler_returns() {
         }
     })
     .bind("shop", "order.*");
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     publish_orders(&vh, "shop", "order.created", 1..=10).await;
     wait_until(WAIT, "10 acks", || async {
         w.stats("orders").unwrap().acked == 10
@@ -95,7 +86,7 @@ async fn transient_failure_is_retried_through_the_tier_then_succeeds_keeping_the
     })
     .bind("shop", "order.#")
     .retry(RetryPolicy::new([TIER]).max_attempts(5));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("shop", "order.created.eu", b"{}", props_json())
         .await;
     wait_until(WAIT, "success on attempt 4", || async {
@@ -126,7 +117,7 @@ async fn max_attempts_parks_with_body_routing_key_error_and_attempts() {
     })
     .bind("shop", "order.*")
     .retry(RetryPolicy::new([TIER]).max_attempts(3));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("shop", "order.paid", br#"{"id":7}"#, props_json())
         .await;
     wait_until(WAIT, "parked", || async {
@@ -182,7 +173,7 @@ async fn poison_payload_is_parked_at_once_with_the_decode_error() {
         }
     })
     .retry(RetryPolicy::new([TIER]));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("", "orders", b"{not json", props_json())
         .await;
     wait_until(WAIT, "parked", || async {
@@ -208,7 +199,7 @@ async fn permanent_error_parks_without_retrying() {
         Err::<(), _>(Permanent::new("unknown sku"))
     })
     .retry(RetryPolicy::new([TIER]));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("", "orders", b"x", props_json()).await;
     wait_until(WAIT, "parked", || async {
         vh.depth("orders.parking").await == 1
@@ -231,7 +222,7 @@ async fn retry_publish_returned_leaves_original_unacked_and_redelivered() {
         }
     })
     .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     // Break the tier: the retry copy is now unroutable (mandatory → returned).
     vh.unbind("orders.retry", "orders.retry.1m", "orders.retry.1m")
         .await;
@@ -266,7 +257,7 @@ async fn retry_publish_nacked_leaves_original_unacked() {
     let vh = Broker::from_env().vhost("sub-nacked");
     let sub = Subscriber::new("orders", || async { Err::<(), BoxError>("fail".into()) })
         .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     // Replace the tier with a queue that refuses every publish (nack).
     vh.delete_queue("orders.retry.1m").await;
     vh.declare_queue(
@@ -323,7 +314,7 @@ async fn connection_closed_mid_handler_redelivers_and_loses_nothing() {
     )
     .await;
     publish_orders(&vh, "", "orders", 0..60).await;
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     wait_until(WAIT, "10 handled", || async {
         done.lock().unwrap().len() >= 10
     })
@@ -364,7 +355,7 @@ async fn manual_handler_that_forgets_to_settle_gets_the_fallback() {
         }
     })
     .ack_policy(AckPolicy::Manual);
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("", "orders", b"x", props_json()).await;
     wait_until(WAIT, "settled by the second run", || async {
         w.stats("orders").unwrap().acked == 1
@@ -388,7 +379,7 @@ async fn manual_retry_goes_through_the_confirmed_path() {
     })
     .ack_policy(AckPolicy::Manual)
     .retry(RetryPolicy::new([TIER]));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("", "orders", b"x", props_json()).await;
     wait_until(WAIT, "acked after one retry", || async {
         w.stats("orders").unwrap().acked == 2
@@ -445,7 +436,7 @@ async fn panics_and_deadlines_become_retries_and_the_worker_keeps_running() {
     )
     .deadline(Duration::from_millis(300))
     .retry(RetryPolicy::new([TIER]));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("", "orders", b"panic", props_json()).await;
     vh.publish_raw("", "orders", b"slow", props_json()).await;
     wait_until(WAIT, "both succeed on attempt 2", || async {
@@ -462,7 +453,7 @@ async fn quorum_work_queue_retries_and_parks() {
     let sub = Subscriber::new("orders", || async { Err::<(), BoxError>("nope".into()) })
         .queue_type(QueueType::Quorum)
         .retry(RetryPolicy::new([TIER]).max_attempts(2));
-    let w = start(&vh, sub).await;
+    let w = vh.start_worker(sub).await;
     vh.publish_raw("", "orders", b"q", props_json()).await;
     wait_until(WAIT, "parked", || async {
         vh.depth("orders.parking").await == 1

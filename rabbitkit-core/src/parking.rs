@@ -1,0 +1,429 @@
+//! Parking-queue tooling: count, inspect and replay what a subscriber parked.
+//!
+//! A parked message keeps its body, properties and evidence headers. [`Parking::peek`]
+//! reads them without removing anything; [`Parking::replay`] moves messages back to the
+//! work queue, one at a time, through the confirmed publisher: a parked message is acked
+//! **only after its replayed copy is confirmed**, so a replay interrupted at any point
+//! loses nothing (at worst one message is both replayed and still parked).
+//!
+//! A replayed copy has the failure evidence stripped ([`headers::FAILURE_HEADERS`]), so it
+//! starts again at attempt 1, keeps its original exchange and routing key (the subscriber
+//! restores them), and carries [`headers::REPLAYED`] counting its replays.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel};
+
+use crate::connection::{ConnectionConfig, Connector};
+use crate::envelope::Envelope;
+use crate::error::{Error, Result};
+use crate::headers::{self, XDeath, int, string};
+use crate::publisher::{PublishOutcome, Publisher, PublisherConfig};
+use crate::retry;
+
+/// How long one parking operation waits for a connection.
+const CONNECT_WAIT: Duration = Duration::from_secs(15);
+
+/// Access to one work queue's parking queue.
+#[derive(Debug)]
+pub struct Parking {
+    work_queue: String,
+    parking_queue: String,
+    connector: Connector,
+    publisher: Publisher,
+}
+
+/// A parked message and what its headers say about why it was parked.
+#[derive(Debug, Clone)]
+pub struct ParkedMessage {
+    /// The body, byte for byte.
+    pub body: Bytes,
+    /// All properties, headers included.
+    pub properties: BasicProperties,
+    /// Why it was parked: rabbitkit's reason (`max-attempts`, `permanent`, `decode`, ...)
+    /// or, for messages the broker dead-lettered, the `x-death` reason (`rejected`,
+    /// `delivery_limit`, ...). `None` when nothing says.
+    pub reason: Option<String>,
+    /// The error kind recorded at the last failure.
+    pub error_kind: Option<String>,
+    /// The error message recorded at the last failure (cut to 1 KiB).
+    pub error_message: Option<String>,
+    /// The attempt number it failed at.
+    pub attempts: Option<i64>,
+    /// The handler that failed it.
+    pub handler: Option<String>,
+    /// The exchange it was first published to.
+    pub original_exchange: Option<String>,
+    /// The routing key it was first published with.
+    pub original_routing_key: Option<String>,
+    /// When it first failed (RFC 3339, as recorded).
+    pub first_failure_at: Option<String>,
+    /// When it last failed (RFC 3339, as recorded).
+    pub last_failure_at: Option<String>,
+    /// How many times it was replayed before.
+    pub replayed: i64,
+}
+
+impl ParkedMessage {
+    fn from_parts(body: Bytes, properties: BasicProperties) -> Self {
+        let h = properties.headers().as_ref();
+        let s = |name: &str| headers::get(h, name).and_then(string);
+        let x_death = XDeath::from_headers(h);
+        let reason = s(headers::PARK_REASON).or_else(|| {
+            headers::get(h, "x-first-death-reason")
+                .and_then(string)
+                .or_else(|| x_death.entries.first().map(|e| e.reason.clone()))
+        });
+        let original_routing_key = s(headers::ORIGINAL_ROUTING_KEY).or_else(|| {
+            // Broker dead-lettering keeps the routing keys in `x-death`.
+            first_death_routing_key(h)
+        });
+        let original_exchange = s(headers::ORIGINAL_EXCHANGE)
+            .or_else(|| headers::get(h, "x-first-death-exchange").and_then(string));
+        Self {
+            reason,
+            error_kind: s(headers::ERROR_KIND),
+            error_message: s(headers::ERROR_MESSAGE),
+            attempts: headers::get(h, headers::ATTEMPT).and_then(int),
+            handler: s(headers::HANDLER),
+            original_exchange,
+            original_routing_key,
+            first_failure_at: s(headers::FIRST_FAILURE_AT),
+            last_failure_at: s(headers::LAST_FAILURE_AT),
+            replayed: headers::get(h, headers::REPLAYED)
+                .and_then(int)
+                .unwrap_or(0)
+                .max(0),
+            body,
+            properties,
+        }
+    }
+
+    /// The headers of the replayed copy: failure evidence stripped, original route kept
+    /// (taken from `x-death` when only the broker recorded it), replay count raised.
+    pub fn replay_headers(&self) -> FieldTable {
+        let mut map = self
+            .properties
+            .headers()
+            .as_ref()
+            .map(|t| t.inner().clone())
+            .unwrap_or_default();
+        map.retain(|k, _| !headers::FAILURE_HEADERS.contains(&k.as_str()));
+        let mut table = FieldTable::from(map);
+        if let Some(rk) = &self.original_routing_key {
+            table.insert(
+                headers::ORIGINAL_ROUTING_KEY.into(),
+                AMQPValue::LongString(LongString::from(rk.as_str())),
+            );
+        }
+        if let Some(ex) = &self.original_exchange {
+            table.insert(
+                headers::ORIGINAL_EXCHANGE.into(),
+                AMQPValue::LongString(LongString::from(ex.as_str())),
+            );
+        }
+        table.insert(
+            headers::REPLAYED.into(),
+            AMQPValue::LongLongInt(self.replayed.saturating_add(1)),
+        );
+        table
+    }
+}
+
+fn first_death_routing_key(h: Option<&FieldTable>) -> Option<String> {
+    let AMQPValue::FieldArray(arr) = headers::get(h, "x-death")? else {
+        return None;
+    };
+    // The broker writes the newest entry first; the first death is the last entry.
+    let entry = arr.as_slice().last()?.as_field_table()?.inner();
+    match entry.get("routing-keys")? {
+        AMQPValue::FieldArray(keys) => keys.as_slice().first().and_then(string),
+        _ => None,
+    }
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Copies confirmed in the work queue; their parked originals acked.
+    pub replayed: u64,
+    /// Messages ready in the parking queue afterwards, as the broker counted them.
+    pub remaining: u32,
+    /// Why the replay stopped early, if it did: the copy was not confirmed (returned,
+    /// nacked, timed out, failed) and the parked original was requeued untouched.
+    pub stopped: Option<String>,
+}
+
+impl Parking {
+    /// Access to the parking queue of `work_queue` (`{work_queue}.parking`). Opens its own
+    /// connection lazily and a confirmed publisher for replays.
+    pub fn new(connection: ConnectionConfig, work_queue: impl Into<String>) -> Result<Self> {
+        let work_queue = work_queue.into();
+        let parking_queue = retry::parking_queue(&work_queue);
+        crate::names::check("work queue", &work_queue)?;
+        crate::names::check("parking queue", &parking_queue)?;
+        Ok(Self {
+            connector: Connector::new(
+                connection.clone(),
+                format!("rabbitkit-parking {work_queue}"),
+            )?,
+            publisher: Publisher::new(connection, PublisherConfig::default())?,
+            work_queue,
+            parking_queue,
+        })
+    }
+
+    /// The parking queue's name.
+    pub fn queue(&self) -> &str {
+        &self.parking_queue
+    }
+
+    async fn channel(&self) -> Result<Channel> {
+        let conn = self.connector.get(CONNECT_WAIT).await?;
+        conn.conn.create_channel().await.map_err(Error::amqp)
+    }
+
+    /// How many messages are parked (ready, not counting ones other clients hold).
+    /// Fails with [`Error::Topology`] when the parking queue does not exist.
+    pub async fn count(&self) -> Result<u32> {
+        let ch = self.channel().await?;
+        let count = self.passive_count(&ch).await;
+        let _ = ch.close(200, "rabbitkit parking count".into()).await;
+        count
+    }
+
+    async fn passive_count(&self, ch: &Channel) -> Result<u32> {
+        let opts = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        match ch
+            .queue_declare(
+                ShortString::from(self.parking_queue.as_str()),
+                opts,
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(q) => Ok(q.message_count()),
+            Err(e) => Err(Error::Topology(format!(
+                "parking queue {} is not there: {e}",
+                self.parking_queue
+            ))),
+        }
+    }
+
+    /// Gets one parked message (unacked) with its delivery tag.
+    async fn get_one(&self, ch: &Channel) -> Result<Option<(u64, ParkedMessage)>> {
+        let got = ch
+            .basic_get(
+                ShortString::from(self.parking_queue.as_str()),
+                BasicGetOptions { no_ack: false },
+            )
+            .await
+            .map_err(Error::amqp)?;
+        Ok(got.map(|m| {
+            let tag = m.delivery.delivery_tag;
+            let parked =
+                ParkedMessage::from_parts(Bytes::from(m.delivery.data), m.delivery.properties);
+            (tag, parked)
+        }))
+    }
+
+    /// Reads up to `limit` parked messages, oldest first, without removing any: they are
+    /// requeued before this returns (the channel closing would requeue them too).
+    pub async fn peek(&self, limit: usize) -> Result<Vec<ParkedMessage>> {
+        let ch = self.channel().await?;
+        self.passive_count(&ch).await?;
+        let mut out = Vec::new();
+        let mut last_tag = None;
+        while out.len() < limit {
+            let Some((tag, parked)) = self.get_one(&ch).await? else {
+                break;
+            };
+            last_tag = Some(tag);
+            out.push(parked);
+        }
+        if let Some(tag) = last_tag {
+            ch.basic_nack(
+                tag,
+                BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                },
+            )
+            .await
+            .map_err(Error::amqp)?;
+        }
+        let _ = ch.close(200, "rabbitkit parking peek".into()).await;
+        Ok(out)
+    }
+
+    /// Moves up to `limit` parked messages back to the work queue, oldest first. Each parked
+    /// message is acked only after its copy is confirmed; the first copy that is not
+    /// confirmed stops the replay and its original stays parked.
+    pub async fn replay(&self, limit: usize) -> Result<ReplayReport> {
+        let ch = self.channel().await?;
+        self.passive_count(&ch).await?;
+        let mut report = ReplayReport::default();
+        while usize::try_from(report.replayed).unwrap_or(usize::MAX) < limit {
+            let Some((tag, parked)) = self.get_one(&ch).await? else {
+                break;
+            };
+            let props = parked
+                .properties
+                .clone()
+                .with_headers(parked.replay_headers());
+            let copy = Envelope::new("", self.work_queue.as_str(), parked.body.clone())
+                .properties(props)
+                .mandatory(true);
+            let outcome = self.publisher.publish(copy).await;
+            match outcome {
+                Ok(PublishOutcome::Confirmed { .. }) => {
+                    ch.basic_ack(tag, BasicAckOptions::default())
+                        .await
+                        .map_err(Error::amqp)?;
+                    report.replayed += 1;
+                }
+                other => {
+                    let why = match other {
+                        Ok(o) => format!("replayed copy not confirmed: {o:?}"),
+                        Err(e) => format!("replayed copy refused: {e}"),
+                    };
+                    tracing::warn!(queue = %self.parking_queue, reason = %why, "replay stopped; message stays parked");
+                    let _ = ch
+                        .basic_nack(
+                            tag,
+                            BasicNackOptions {
+                                multiple: false,
+                                requeue: true,
+                            },
+                        )
+                        .await;
+                    report.stopped = Some(why);
+                    break;
+                }
+            }
+        }
+        // Closing first settles the channel (a requeued message is back before the count).
+        let _ = ch.close(200, "rabbitkit parking replay".into()).await;
+        report.remaining = self.count().await.unwrap_or(0);
+        Ok(report)
+    }
+
+    /// Deletes every parked message; returns how many there were. Irreversible.
+    pub async fn purge(&self) -> Result<u32> {
+        let ch = self.channel().await?;
+        self.passive_count(&ch).await?;
+        let n = ch
+            .queue_purge(
+                ShortString::from(self.parking_queue.as_str()),
+                QueuePurgeOptions::default(),
+            )
+            .await
+            .map_err(Error::amqp)?;
+        let _ = ch.close(200, "rabbitkit parking purge".into()).await;
+        Ok(n)
+    }
+
+    /// Closes the connection and the publisher.
+    pub async fn close(&self) {
+        self.publisher.close(Duration::from_secs(5)).await;
+        self.connector.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::FieldArray;
+
+    fn props(entries: &[(&str, AMQPValue)]) -> BasicProperties {
+        let mut t = FieldTable::default();
+        for (k, v) in entries {
+            t.insert((*k).into(), v.clone());
+        }
+        BasicProperties::default().with_headers(t)
+    }
+
+    fn assert_replay_route(h: &FieldTable, routing_key: &str, replayed: i64) {
+        assert_eq!(
+            h.inner().get(headers::ORIGINAL_ROUTING_KEY),
+            Some(&ls(routing_key))
+        );
+        assert_eq!(
+            h.inner().get(headers::REPLAYED),
+            Some(&AMQPValue::LongLongInt(replayed))
+        );
+    }
+
+    fn ls(s: &str) -> AMQPValue {
+        AMQPValue::LongString(LongString::from(s))
+    }
+
+    #[test]
+    fn rabbitkit_evidence_is_read_and_stripped_for_replay() {
+        let p = props(&[
+            (headers::PARK_REASON, ls("max-attempts")),
+            (headers::ERROR_KIND, ls("error")),
+            (headers::ERROR_MESSAGE, ls("db down")),
+            (headers::ATTEMPT, AMQPValue::LongLongInt(5)),
+            (headers::ORIGINAL_ROUTING_KEY, ls("order.created")),
+            (headers::ORIGINAL_EXCHANGE, ls("shop")),
+            ("tenant", ls("acme")),
+        ]);
+        let m = ParkedMessage::from_parts(Bytes::from_static(b"{}"), p);
+        assert_eq!(m.reason.as_deref(), Some("max-attempts"));
+        assert_eq!(m.error_message.as_deref(), Some("db down"));
+        assert_eq!(m.attempts, Some(5));
+        assert_eq!(m.replayed, 0);
+        let h = m.replay_headers();
+        assert!(h.inner().get(headers::ATTEMPT).is_none());
+        assert!(h.inner().get(headers::PARK_REASON).is_none());
+        assert!(h.inner().get(headers::ERROR_MESSAGE).is_none());
+        assert_eq!(h.inner().get("tenant"), Some(&ls("acme")));
+        assert_replay_route(&h, "order.created", 1);
+    }
+
+    #[test]
+    fn broker_dead_lettered_message_keeps_its_route_from_x_death() {
+        let mut entry = FieldTable::default();
+        entry.insert("queue".into(), ls("orders"));
+        entry.insert("reason".into(), ls("rejected"));
+        entry.insert("count".into(), AMQPValue::LongLongInt(1));
+        entry.insert("exchange".into(), ls("shop"));
+        entry.insert(
+            "routing-keys".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![ls("order.paid")])),
+        );
+        let p = props(&[
+            (
+                "x-death",
+                AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(entry)])),
+            ),
+            ("x-first-death-reason", ls("rejected")),
+            ("x-first-death-exchange", ls("shop")),
+            (headers::REPLAYED, AMQPValue::LongLongInt(2)),
+        ]);
+        let m = ParkedMessage::from_parts(Bytes::new(), p);
+        assert_eq!(m.reason.as_deref(), Some("rejected"));
+        assert_eq!(m.original_routing_key.as_deref(), Some("order.paid"));
+        assert_eq!(m.original_exchange.as_deref(), Some("shop"));
+        let h = m.replay_headers();
+        assert!(h.inner().get("x-death").is_none());
+        assert_replay_route(&h, "order.paid", 3);
+    }
+
+    #[test]
+    fn forged_replay_count_does_not_go_negative() {
+        let p = props(&[(headers::REPLAYED, AMQPValue::LongLongInt(-9))]);
+        let m = ParkedMessage::from_parts(Bytes::new(), p);
+        assert_eq!(m.replayed, 0);
+        assert!(m.reason.is_none());
+    }
+}

@@ -1,0 +1,8 @@
+use rabbitkit::prelude::*;
+
+#[subscriber(prefetch = 10)]
+async fn orders(Body(_b): Body) -> Result<(), BoxError> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+use rabbitkit::prelude::*;
+
+#[subscriber(queue = "orders")]
+struct Orders;
+
+fn main() {}
