@@ -106,8 +106,12 @@ impl Failure {
         let mut message = e.to_string();
         let mut src = e.source();
         while let Some(s) = src {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
+            let text = s.to_string();
+            // Wrappers often display their source already: do not say it twice.
+            if !message.ends_with(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
             src = s.source();
         }
         Self::new(kind, message)
@@ -150,8 +154,10 @@ impl fmt::Display for Permanent {
 }
 
 impl std::error::Error for Permanent {
+    // Transparent: `Permanent` displays as the error it wraps, so its source is the wrapped
+    // error's source (else the evidence header would repeat the message).
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(self.0.as_ref())
+        self.0.source()
     }
 }
 

@@ -268,13 +268,32 @@ impl Parking {
     /// message is acked only after its copy is confirmed; the first copy that is not
     /// confirmed stops the replay and its original stays parked.
     pub async fn replay(&self, limit: usize) -> Result<ReplayReport> {
+        self.replay_matching(limit, |_| true).await
+    }
+
+    /// Like [`Parking::replay`], for the parked messages `select` picks (by reason, error,
+    /// body...). The ones it passes over stay parked, in their order. Looks at most at the
+    /// messages that were parked when the call began.
+    pub async fn replay_matching(
+        &self,
+        limit: usize,
+        mut select: impl FnMut(&ParkedMessage) -> bool,
+    ) -> Result<ReplayReport> {
         let ch = self.channel().await?;
-        self.passive_count(&ch).await?;
+        let parked_at_start = self.passive_count(&ch).await?;
         let mut report = ReplayReport::default();
-        while usize::try_from(report.replayed).unwrap_or(usize::MAX) < limit {
+        let mut looked = 0u32;
+        while looked < parked_at_start
+            && usize::try_from(report.replayed).unwrap_or(usize::MAX) < limit
+        {
             let Some((tag, parked)) = self.get_one(&ch).await? else {
                 break;
             };
+            looked += 1;
+            if !select(&parked) {
+                // Held unacked on this channel; requeued when it closes, in order.
+                continue;
+            }
             let props = parked
                 .properties
                 .clone()
@@ -282,8 +301,7 @@ impl Parking {
             let copy = Envelope::new("", self.work_queue.as_str(), parked.body.clone())
                 .properties(props)
                 .mandatory(true);
-            let outcome = self.publisher.publish(copy).await;
-            match outcome {
+            match self.publisher.publish(copy).await {
                 Ok(PublishOutcome::Confirmed { .. }) => {
                     ch.basic_ack(tag, BasicAckOptions::default())
                         .await
@@ -296,21 +314,13 @@ impl Parking {
                         Err(e) => format!("replayed copy refused: {e}"),
                     };
                     tracing::warn!(queue = %self.parking_queue, reason = %why, "replay stopped; message stays parked");
-                    let _ = ch
-                        .basic_nack(
-                            tag,
-                            BasicNackOptions {
-                                multiple: false,
-                                requeue: true,
-                            },
-                        )
-                        .await;
                     report.stopped = Some(why);
                     break;
                 }
             }
         }
-        // Closing first settles the channel (a requeued message is back before the count).
+        // Closing the channel requeues every message still held (passed over, or the one
+        // whose copy was refused), and settles before the count.
         let _ = ch.close(200, "rabbitkit parking replay".into()).await;
         report.remaining = self.count().await.unwrap_or(0);
         Ok(report)

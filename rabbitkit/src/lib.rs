@@ -43,10 +43,10 @@
 
 pub use rabbitkit_core::{
     AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery, Envelope, Error,
-    ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome, PendingConfirm,
-    Permanent, PublishOutcome, Publisher, PublisherConfig, PublisherStats, QueueType, ReplayReport,
-    Result, RetryPolicy, Settle, SettleReport, Subscriber, SubscriberStats, Topology, TopologyMode,
-    Worker, WorkerHandle, WorkerReport,
+    ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome, ParkedMessage,
+    Parking, PendingConfirm, Permanent, PublishOutcome, Publisher, PublisherConfig, PublisherStats,
+    QueueType, ReplayReport, Result, RetryPolicy, Settle, SettleReport, Subscriber,
+    SubscriberStats, Topology, TopologyMode, Worker, WorkerHandle, WorkerReport,
 };
 pub use rabbitkit_core::{amqp, decide, extract, handler, headers, parking, retry, topology};
 

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use rabbitkit_core::extract::RoutingKey;
+use rabbitkit_core::extract::{Body, RoutingKey};
 use rabbitkit_core::headers::{self, Attempt};
 use rabbitkit_core::{
-    BoxError, ConnectionConfig, Delivery, Error, Parking, RetryPolicy, Subscriber,
+    BoxError, ConnectionConfig, Delivery, Error, Parking, Permanent, RetryPolicy, Subscriber,
 };
 use rabbitkit_tests::{Broker, Vhost, wait_until};
 
@@ -113,6 +113,68 @@ async fn replay_moves_messages_back_with_fresh_attempts_and_their_route() {
         assert!(stripped, "failure evidence stripped from the replayed copy");
     }
     assert_eq!(parking.count().await.unwrap(), 0);
+    parking.close().await;
+}
+
+#[tokio::test]
+async fn replay_matching_replays_only_the_selected_and_keeps_the_rest_in_order() {
+    let vh = Broker::from_env().vhost("park-select");
+    // Odd bodies fail permanently, even ones run out of attempts.
+    let failing = Subscriber::new("orders", |Body(b): Body| async move {
+        let n: u32 = String::from_utf8_lossy(&b).parse().unwrap_or(0);
+        if n % 2 == 1 {
+            Err::<(), BoxError>(Permanent::new("bad card").into())
+        } else {
+            Err("ledger offline".into())
+        }
+    })
+    .retry(RetryPolicy::none());
+    let w = vh.start_worker(failing).await;
+    for n in 0..6u32 {
+        vh.publish_raw(
+            "",
+            "orders",
+            n.to_string().as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
+    }
+    wait_until(WAIT, "6 parked", || async {
+        vh.depth("orders.parking").await == 6
+    })
+    .await;
+    w.shutdown().await;
+    let parking = Parking::new(ConnectionConfig::new(vh.url()), "orders").unwrap();
+    let r = parking
+        .replay_matching(usize::MAX, |m| m.reason.as_deref() == Some("max-attempts"))
+        .await
+        .unwrap();
+    assert_eq!((r.replayed, r.remaining), (3, 3));
+    assert!(r.stopped.is_none());
+    let mut replayed: Vec<_> = vh
+        .get_all("orders", 10)
+        .await
+        .into_iter()
+        .map(|g| g.body)
+        .collect();
+    replayed.sort();
+    assert_eq!(replayed, vec![b"0".to_vec(), b"2".to_vec(), b"4".to_vec()]);
+    let kept: Vec<_> = parking.peek(10).await.unwrap();
+    let kept_bodies: Vec<_> = kept.iter().map(|m| m.body.to_vec()).collect();
+    assert_eq!(
+        kept_bodies,
+        vec![b"1".to_vec(), b"3".to_vec(), b"5".to_vec()],
+        "passed over, in order"
+    );
+    assert!(
+        kept.iter()
+            .all(|m| m.reason.as_deref() == Some("permanent"))
+    );
+    assert!(
+        kept.iter()
+            .all(|m| m.error_message.as_deref() == Some("bad card")),
+        "message not repeated"
+    );
     parking.close().await;
 }
 
