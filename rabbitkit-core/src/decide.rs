@@ -166,7 +166,16 @@ pub(crate) fn auto(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> 
         Outcome::Ack => Decision::Ack,
         Outcome::Requeue => Decision::Requeue,
         Outcome::Reject => Decision::Reject,
-        Outcome::Settled => Decision::Nothing,
+        // Only a manual handler can have settled; anywhere else the delivery would be left
+        // unacked until the channel closes: requeue it, loudly.
+        Outcome::Settled => {
+            tracing::warn!(
+                handler = %spec.handler,
+                queue = %spec.queue,
+                "handler returned Outcome::Settled but is not in manual ack mode; requeueing"
+            );
+            Decision::Requeue
+        }
         Outcome::Retry { after, failure } => retry_or_park(spec, delivery, after, failure),
         Outcome::Park(failure) => {
             let reason = if failure.kind == "decode" {

@@ -285,6 +285,7 @@ mod tests {
     fn failure_from_error_keeps_the_chain() {
         let e = Outer(Permanent::new("deep"));
         let f = Failure::from_error("error", &e);
-        assert_eq!(f.message, "outer: deep: deep");
+        // Outer -> Permanent (transparent) -> "deep": each text once.
+        assert_eq!(f.message, "outer: deep");
     }
 }

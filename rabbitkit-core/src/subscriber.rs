@@ -38,6 +38,7 @@ pub struct Subscriber {
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) prefetch: u16,
     pub(crate) concurrency: usize,
+    pub(crate) concurrency_set: bool,
     pub(crate) deadline: Option<Duration>,
     pub(crate) service: BoxDeliveryService,
     pub(crate) extensions: Extensions,
@@ -89,6 +90,7 @@ impl Subscriber {
             classifier: Arc::new(DefaultClassifier),
             prefetch: DEFAULT_PREFETCH,
             concurrency: usize::from(DEFAULT_PREFETCH),
+            concurrency_set: false,
             deadline: None,
             service: BoxCloneService::new(service.map_err(Into::into)),
             extensions: Extensions::default(),
@@ -183,11 +185,16 @@ impl Subscriber {
     /// a quorum queue closes the connection on 3.10). Also caps memory.
     pub fn prefetch(mut self, n: u16) -> Self {
         self.prefetch = n.max(1);
+        if !self.concurrency_set {
+            self.concurrency = usize::from(self.prefetch);
+        }
         self
     }
 
-    /// Handlers running at once (at most `prefetch` are ever available).
+    /// Handlers running at once (at most `prefetch` are ever available). Follows
+    /// `prefetch` unless set.
     pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency_set = true;
         self.concurrency = n.max(1);
         self
     }

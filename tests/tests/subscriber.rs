@@ -500,3 +500,28 @@ async fn inequivalent_existing_queue_is_a_clear_startup_error() {
     assert!(matches!(err, Error::Declare { .. }), "{err}");
     assert!(err.to_string().contains("work queue"), "{err}");
 }
+
+#[tokio::test]
+async fn settled_outcome_without_a_settlement_is_requeued_not_leaked() {
+    let vh = Broker::from_env().vhost("sub-settled-lie");
+    let sub = Subscriber::new(
+        "orders",
+        |rabbitkit_core::extract::Redelivered(again): rabbitkit_core::extract::Redelivered| async move {
+            // Auto mode: claiming to have settled would leave the delivery unacked.
+            if again {
+                Outcome::Ack
+            } else {
+                Outcome::Settled
+            }
+        },
+    );
+    let w = vh.start_worker(sub).await;
+    publish_orders(&vh, "", "orders", [1]).await;
+    wait_until(WAIT, "acked after requeue", || async {
+        w.stats("orders").unwrap().acked == 1
+    })
+    .await;
+    let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!((st.consumed, st.requeued, st.acked), (2, 1, 1), "{st:?}");
+    assert_eq!(vh.depth("orders").await, 0);
+}

@@ -118,9 +118,15 @@ impl Pipeline {
                 (None, _) => Decision::Requeue,
                 (Some(o), Some(s)) => {
                     if s.claim() {
-                        if !matches!(o, Outcome::Settled) {
-                            Counters::inc(&c.unsettled);
-                        }
+                        // Nothing settled through the handle, whatever the handler said:
+                        // `Settled` without a settlement is unsettled too (the fallback
+                        // applies, never a silent leak).
+                        Counters::inc(&c.unsettled);
+                        let o = if matches!(o, Outcome::Settled) {
+                            Outcome::Requeue
+                        } else {
+                            o
+                        };
                         decide::decide(&self.spec, &delivery, o)
                     } else {
                         Decision::Nothing
