@@ -1,6 +1,6 @@
 //! The settlement decision: outcome + delivery + policy → what to do with the original.
 //!
-//! Pure code, shared by the runtime and the broker-free test kit, so a handler test that
+//! Pure code, shared by the runtime and tests (a broker-free test kit is planned), so a handler test that
 //! passes means production settles the same way.
 
 use std::sync::Arc;

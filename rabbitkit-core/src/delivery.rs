@@ -67,7 +67,7 @@ struct Inner {
 }
 
 impl Delivery {
-    /// Builds a delivery by hand (tests, the test kit, custom transports).
+    /// Builds a delivery by hand (tests, custom transports).
     pub fn builder(queue: impl Into<Arc<str>>, body: impl Into<Bytes>) -> DeliveryBuilder {
         DeliveryBuilder {
             queue: queue.into(),

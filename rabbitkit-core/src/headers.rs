@@ -198,7 +198,7 @@ impl Attempt {
         }
     }
 
-    /// An attempt built directly (for tests and the test kit).
+    /// An attempt built directly (for tests).
     pub fn new(number: u32) -> Self {
         Self {
             number: number.max(1),

@@ -10,7 +10,7 @@ use crate::delivery::Delivery;
 use crate::outcome::{Failure, Outcome};
 use crate::settle::SettleReport;
 
-/// Where a settle request goes (the broker in production, a recorder in the test kit).
+/// Where a settle request goes (the broker in production; a recorder in tests).
 pub(crate) trait SettleSink: Send + Sync + 'static {
     fn settle(
         &self,
@@ -19,7 +19,8 @@ pub(crate) trait SettleSink: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = SettleReport> + Send + '_>>;
 }
 
-/// Settles a delivery by hand (manual ack mode). Clone it into the task that commits.
+/// Settles a delivery by hand (manual ack mode). Settle before the handler returns: once it
+/// returns unsettled the fallback applies and a later settle is ignored.
 ///
 /// `retry` and `park` go through the same confirmed path as auto mode: the copy is
 /// confirmed before the original is acked. Only the first settle counts; later ones return
