@@ -96,24 +96,28 @@ impl Ctx {
                     ch
                 }
             };
-            let confirm = ch
-                .basic_publish(
-                    "".into(),
-                    self.queue.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &self.body,
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await
-                .expect("basic.publish");
+            let confirm = self.raw_publish(ch).await;
             pending.push(async move { (ch, confirm.await) });
         }
         while let Some((_, c)) = pending.next().await {
             common::check_confirm(Some(c));
         }
+    }
+
+    /// One persistent, mandatory publish of the workload's body on `ch`.
+    async fn raw_publish(&self, ch: &Channel) -> lapin::PublisherConfirm {
+        ch.basic_publish(
+            "".into(),
+            self.queue.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            &self.body,
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .expect("basic.publish")
     }
 
     fn envelope(&self) -> Envelope {
@@ -158,21 +162,7 @@ impl Ctx {
 
     async fn raw_wait(&self, n: usize) {
         for _ in 0..n {
-            let c = self
-                .raw
-                .basic_publish(
-                    "".into(),
-                    self.queue.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &self.body,
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await
-                .expect("basic.publish")
-                .await;
+            let c = self.raw_publish(&self.raw).await.await;
             common::check_confirm(Some(c));
         }
     }

@@ -25,6 +25,20 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
 
+/// Declares a durable queue with `args` on `ch`; panics with the broker's error.
+pub async fn declare_durable(ch: &lapin::Channel, queue: &str, args: FieldTable) {
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("declare {queue}: {e}"));
+}
+
 /// The broker under test.
 #[derive(Debug, Clone)]
 pub struct Broker {
@@ -243,16 +257,7 @@ impl Vhost {
     pub async fn declare_queue(&self, name: &str, args: FieldTable) {
         let c = self.connect().await;
         let ch = c.create_channel().await.unwrap();
-        ch.queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("declare {name}: {e}"));
+        declare_durable(&ch, name, args).await;
         let _ = c.close(200, "".into()).await;
     }
 

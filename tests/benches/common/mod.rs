@@ -53,19 +53,7 @@ pub(crate) async fn confirm_channel(conn: &Connection) -> Channel {
     ch
 }
 
-/// Declares a durable queue with `args`.
-pub(crate) async fn declare_durable(ch: &Channel, queue: &str, args: FieldTable) {
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap_or_else(|e| panic!("declare {queue}: {e}"));
-}
+pub(crate) use rabbitkit_tests::declare_durable;
 
 /// Ready messages in `queue`.
 pub(crate) async fn depth(ch: &Channel, queue: &str) -> u32 {
