@@ -16,6 +16,7 @@ pub mod parking;
 pub mod policy;
 pub mod publisher;
 pub mod retry;
+mod run;
 pub mod settle;
 mod stats;
 pub mod subscriber;

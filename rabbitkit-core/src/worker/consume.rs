@@ -15,6 +15,7 @@ use crate::connection::{Connector, backoff};
 use crate::delivery::Extensions;
 use crate::error::{Error, Result};
 use crate::publisher::Publisher;
+use crate::run::Runner;
 use crate::settle::Settler;
 use crate::stats::Counters;
 use crate::subscriber::Subscriber;
@@ -50,12 +51,14 @@ impl SubscriberTask {
         let spec = Arc::new(s.settle_spec());
         let topology = s.full_topology();
         let pipeline = Arc::new(Pipeline {
-            spec,
-            service: std::sync::Mutex::new(s.service.clone()),
-            settler: Arc::new(Settler::new(publisher, counters.clone())),
-            counters,
+            runner: Runner {
+                spec,
+                service: std::sync::Mutex::new(s.service.clone()),
+                deadline: s.deadline,
+                counters: counters.clone(),
+            },
+            settler: Arc::new(Settler::new(publisher, counters)),
             extensions,
-            deadline: s.deadline,
             hard_stop,
         });
         Self {
@@ -165,7 +168,7 @@ impl SubscriberTask {
             .map_err(Error::amqp)?;
         let tag = format!(
             "rabbitkit-{}-{}-{}",
-            self.pipeline.spec.handler,
+            self.pipeline.runner.spec.handler,
             std::process::id(),
             CONSUMER_SEQ.fetch_add(1, Ordering::Relaxed)
         );
