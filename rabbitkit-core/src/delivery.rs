@@ -31,12 +31,10 @@ impl Extensions {
         self.map.insert(TypeId::of::<T>(), Arc::new(value));
     }
 
-    pub(crate) fn into_map(self) -> HashMap<TypeId, Arc<dyn Any + Send + Sync>> {
-        self.map
-    }
-
-    pub(crate) fn insert_raw(&mut self, k: TypeId, v: Arc<dyn Any + Send + Sync>) {
-        self.map.insert(k, v);
+    /// Adds every value of `other`, replacing values of the same type (subscriber state
+    /// over worker state).
+    pub(crate) fn extend(&mut self, other: Extensions) {
+        self.map.extend(other.map);
     }
 
     /// The value of type `T`, if stored.
@@ -51,7 +49,7 @@ pub struct Delivery {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     body: Bytes,
     exchange: String,
@@ -153,6 +151,15 @@ impl Delivery {
     /// The settle handle (manual ack mode only).
     pub fn settle_handle(&self) -> Option<&Settle> {
         self.inner.settle.as_ref()
+    }
+
+    /// The same delivery with another settle handle (a layer that wraps the handle).
+    pub(crate) fn with_settle(&self, settle: Settle) -> Delivery {
+        let mut inner = Inner::clone(&self.inner);
+        inner.settle = Some(settle);
+        Delivery {
+            inner: Arc::new(inner),
+        }
     }
 }
 

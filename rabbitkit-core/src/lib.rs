@@ -20,6 +20,9 @@ mod run;
 pub mod settle;
 mod stats;
 pub mod subscriber;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod testing;
 pub mod topology;
 pub mod worker;
 

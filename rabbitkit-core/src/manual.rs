@@ -113,7 +113,7 @@ impl Settle {
         self.run(Outcome::park(failure)).await
     }
 
-    async fn run(&self, outcome: Outcome) -> SettleReport {
+    pub(crate) async fn run(&self, outcome: Outcome) -> SettleReport {
         if self.shared.settled.swap(true, Ordering::AcqRel) {
             tracing::warn!("delivery settled twice; the second settle is ignored");
             return SettleReport::Nothing;

@@ -132,9 +132,7 @@ impl Worker {
             ready.push(is_ready.clone());
             let mut ext = self.extensions.clone();
             ext.insert(publisher.clone());
-            for (k, v) in std::mem::take(&mut s.extensions).into_map() {
-                ext.insert_raw(k, v);
-            }
+            ext.extend(std::mem::take(&mut s.extensions));
             let sub = consume::SubscriberTask::new(
                 s,
                 Arc::new(ext),
