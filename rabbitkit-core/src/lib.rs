@@ -9,6 +9,7 @@ pub mod error;
 pub mod extract;
 pub mod handler;
 pub mod headers;
+pub mod idempotency;
 pub mod manual;
 mod names;
 pub mod outcome;

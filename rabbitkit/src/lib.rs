@@ -12,7 +12,9 @@
 //! - attempts are counted in rabbitkit's own header (RabbitMQ 4.x restarts `x-death` counts);
 //!   past the limit the message is parked with its body, headers and failure reason;
 //! - undecodable payloads are parked at once, never requeued in a loop;
-//! - manual ack mode for handlers that commit to a database first.
+//! - manual ack mode for handlers that commit to a database first;
+//! - an [`idempotency`] layer that acks already-processed redeliveries, and (feature
+//!   `test-util`) a broker-free `testing` kit whose decisions are the runtime's own.
 //!
 //! ```no_run
 //! use rabbitkit::prelude::*;
@@ -39,7 +41,7 @@
 //! ```
 //!
 //! Guides: `docs/ARCHITECTURE.md`, `docs/GUARANTEES.md`, `docs/RETRY-AND-PARKING.md`,
-//! `docs/BROKER-VERSIONS.md` in the repository.
+//! `docs/BROKER-VERSIONS.md`, `docs/TESTING-HANDLERS.md` in the repository.
 
 pub use rabbitkit_core::{
     AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery, Envelope, Error,
@@ -48,7 +50,14 @@ pub use rabbitkit_core::{
     QueueType, ReplayReport, Result, RetryPolicy, Settle, SettleReport, Subscriber,
     SubscriberStats, Topology, TopologyMode, Worker, WorkerHandle, WorkerReport,
 };
-pub use rabbitkit_core::{amqp, decide, extract, handler, headers, parking, retry, topology};
+pub use rabbitkit_core::{
+    amqp, decide, extract, handler, headers, idempotency, parking, retry, topology,
+};
+
+/// Broker-free tests of handlers and subscribers: build a delivery, run it, assert on the
+/// settlement the runtime would carry out. See `docs/TESTING-HANDLERS.md`.
+#[cfg(feature = "test-util")]
+pub use rabbitkit_core::testing;
 
 /// The names most handlers need.
 pub mod prelude {
