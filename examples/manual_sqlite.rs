@@ -1,6 +1,16 @@
 //! Manual acks for a database-backed handler: an idempotent insert keyed by the message id
-//! in SQLite, committed **before** the ack. A redelivery (or a duplicate publish) finds the
-//! row already there and is acked without a second effect.
+//! in SQLite, committed **before** the ack. Two layers of protection against duplicates:
+//!
+//! - the `Idempotent` layer with a SQLite-backed store: a message id already processed is
+//!   acked without running the handler (its `ack` records the id first, then acks, so a
+//!   crash before the ack makes the redelivery a skip);
+//! - `INSERT OR IGNORE` on the message id, in the ledger's own transaction, for what the
+//!   layer does not cover (two copies of one message running at the same time, a crash
+//!   between the commit and the mark).
+//!
+//! It checks both against the broker: a duplicate publish is acked by the layer without
+//! running the handler, and a duplicate whose mark was lost runs the handler, which finds
+//! its row already committed and adds nothing.
 //!
 //! Run with:
 //!
@@ -10,10 +20,12 @@
 //! ```
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rabbitkit::Failure;
+use rabbitkit::idempotency::{IdempotencyStore, IdempotentLayer, StoreFuture};
 use rabbitkit::prelude::*;
 use rabbitkit_examples::{check, init_logging, url, wait_for};
 use rusqlite::Connection;
@@ -29,12 +41,62 @@ struct Deposit {
 #[derive(Clone)]
 struct Db(Arc<Mutex<Connection>>);
 
-/// Records a deposit once per message id, then acks.
+impl Db {
+    /// Runs `f` on the connection off the async runtime.
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, BoxError> {
+        let db = self.0.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let mut conn = db.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
+            f(&mut conn)
+        })
+        .await?;
+        Ok(r?)
+    }
+}
+
+/// Processed message ids, in the same database as the ledger: the dedup layer's store.
+struct SqliteStore(Db);
+
+impl IdempotencyStore for SqliteStore {
+    fn seen<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
+        let key = key.to_owned();
+        Box::pin(self.0.with(move |c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM processed WHERE message_id = ?1",
+                [&key],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n > 0)
+        }))
+    }
+
+    fn mark<'a>(&'a self, key: &'a str) -> StoreFuture<'a, ()> {
+        let key = key.to_owned();
+        Box::pin(self.0.with(move |c| {
+            c.execute(
+                "INSERT OR IGNORE INTO processed (message_id) VALUES (?1)",
+                [&key],
+            )
+            .map(|_| ())
+        }))
+    }
+}
+
+/// How often the handler body ran (the skipped duplicate does not count).
+static RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// Records a deposit once per message id, then acks. One delivery at a time, so the
+/// duplicate below arrives after the first copy was marked (running at once, both copies
+/// would miss the store, and `INSERT OR IGNORE` would be what saves the ledger).
 #[subscriber(
     queue = "example.ledger",
     exchange = "example",
     routing_key = "deposit.*",
-    ack = "manual"
+    ack = "manual",
+    concurrency = 1
 )]
 async fn record(
     settle: Settle,
@@ -42,6 +104,7 @@ async fn record(
     Json(d): Json<Deposit>,
     State(db): State<Db>,
 ) -> Result<(), BoxError> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
     let Some(id) = id else {
         // Without a key there is no idempotency: park it for a human, with the reason.
         settle
@@ -53,17 +116,17 @@ async fn record(
         return Ok(());
     };
     let key = id.clone();
-    let inserted = tokio::task::spawn_blocking(move || -> rusqlite::Result<bool> {
-        let mut conn = db.0.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-        let tx = conn.transaction()?;
-        let n = tx.execute(
-            "INSERT OR IGNORE INTO deposits (message_id, account, cents) VALUES (?1, ?2, ?3)",
-            (&key, &d.account, d.cents),
-        )?;
-        tx.commit()?;
-        Ok(n == 1)
-    })
-    .await?;
+    let inserted = db
+        .with(move |conn| {
+            let tx = conn.transaction()?;
+            let n = tx.execute(
+                "INSERT OR IGNORE INTO deposits (message_id, account, cents) VALUES (?1, ?2, ?3)",
+                (&key, &d.account, d.cents),
+            )?;
+            tx.commit()?;
+            Ok(n == 1)
+        })
+        .await;
     match inserted {
         // Committed (or already there): now, and only now, ack.
         Ok(fresh) => {
@@ -90,7 +153,8 @@ fn open(path: &PathBuf) -> rusqlite::Result<Connection> {
     let _ = std::fs::remove_file(path);
     let conn = Connection::open(path)?;
     conn.execute_batch(
-        "CREATE TABLE deposits (message_id TEXT PRIMARY KEY, account TEXT NOT NULL, cents INTEGER NOT NULL);",
+        "CREATE TABLE deposits (message_id TEXT PRIMARY KEY, account TEXT NOT NULL, cents INTEGER NOT NULL);
+         CREATE TABLE processed (message_id TEXT PRIMARY KEY);",
     )?;
     Ok(conn)
 }
@@ -104,7 +168,7 @@ async fn main() -> Result<(), BoxError> {
     ));
     let db = Db(Arc::new(Mutex::new(open(&path)?)));
     let worker = Worker::new(ConnectionConfig::new(url()))
-        .subscribe(record)
+        .subscribe(record::subscriber().layer(IdempotentLayer::new(SqliteStore(db.clone()))))
         .state(db.clone())
         .start()
         .await?;
@@ -125,28 +189,59 @@ async fn main() -> Result<(), BoxError> {
             &format!("{id} published"),
         )?;
     }
-    let stats = wait_for(&worker, record::NAME, Duration::from_secs(30), |s| {
+    wait_for(&worker, record::NAME, Duration::from_secs(30), |s| {
         s.acked >= 4
     })
     .await?;
-    worker.shutdown().await;
-    let (rows, total): (i64, i64) = {
-        let conn = db.0.lock().map_err(|_| "database lock poisoned")?;
-        conn.query_row(
-            "SELECT COUNT(*), COALESCE(SUM(cents), 0) FROM deposits",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?
-    };
-    println!("counters: {stats:?}; rows: {rows}, total cents: {total}");
     check(
-        stats.acked == 4,
-        "four deliveries acked, each after its commit",
+        RUNS.load(Ordering::SeqCst) == 3,
+        "the duplicate was acked by the dedup layer without running the handler",
+    )?;
+    // A crash after the ledger commit but before the mark: the id is not in `processed`,
+    // so the redelivery runs the handler, and `INSERT OR IGNORE` is what keeps the ledger
+    // right. Simulated by forgetting dep-1's mark and publishing dep-1 again.
+    db.with(|c| c.execute("DELETE FROM processed WHERE message_id = 'dep-1'", []))
+        .await?;
+    let again = Deposit {
+        account: "acme".into(),
+        cents: 500,
+    };
+    let msg = Envelope::json("example", "deposit.new", &again)?.message_id("dep-1");
+    check(
+        worker.publisher().publish(msg).await?.is_confirmed(),
+        "dep-1 published again",
+    )?;
+    let stats = wait_for(&worker, record::NAME, Duration::from_secs(30), |s| {
+        s.acked >= 5
+    })
+    .await?;
+    worker.shutdown().await;
+    let (rows, total, marks): (i64, i64, i64) = db
+        .with(|c| {
+            c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(cents), 0), (SELECT COUNT(*) FROM processed) FROM deposits",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+        })
+        .await?;
+    let runs = RUNS.load(Ordering::SeqCst);
+    println!(
+        "counters: {stats:?}; rows: {rows}, total cents: {total}, marks: {marks}, handler runs: {runs}"
+    );
+    check(
+        stats.acked == 5,
+        "five deliveries acked, each after its commit",
+    )?;
+    check(
+        runs == 4,
+        "the unmarked duplicate ran the handler, which found its row already committed",
     )?;
     check(
         rows == 3 && total == 1775,
-        "three rows: the duplicate had no second effect",
+        "three rows: neither duplicate had a second effect",
     )?;
+    check(marks == 3, "the unmarked duplicate marked dep-1 again")?;
     let _ = std::fs::remove_file(&path);
     Ok(())
 }
