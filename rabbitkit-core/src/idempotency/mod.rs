@@ -10,20 +10,34 @@
 //!
 //! - **Processed, then the ack was lost** (crash, connection closed, channel gone between
 //!   the handler's success and the ack): the key was marked before the ack was sent, so the
-//!   redelivery is acked without a second effect.
+//!   redelivery is acked without running the handler. Proven on a broker by the
+//!   `duplicate_after_a_lost_ack_is_acked_without_a_second_effect` integration test.
 //! - A producer publishing the same message id twice, one after the other.
+//!
+//! Both only when the duplicate reaches a consumer that can see the mark: with
+//! [`MemoryStore`], the same process, before a restart, while the key is still held.
 //!
 //! # What it does not cover
 //!
-//! - **Concurrent duplicates.** Two deliveries of one key running at the same time (a
-//!   duplicate publish picked up by another consumer while the first still runs) both find
-//!   the key unseen and both run. Make the effect itself idempotent (a unique key in the
-//!   database, as the `manual_sqlite` example does) where that matters.
-//! - **A crash between the effect and the mark.** The mark is written after the handler
-//!   returns; if the process dies in between, the redelivery runs the handler again.
-//!   Only an effect and a mark committed together (one database transaction) close this.
-//! - Keys forgotten by the store (capacity, TTL, a restart of an in-memory store) and
-//!   deliveries without a key (no message id): those run the handler.
+//! - **The effect and the mark are not atomic.** The mark is a separate write after the
+//!   handler returns (in manual mode, inside its `ack`). If the process dies between the
+//!   effect and the mark, or the mark fails, the next copy runs the handler again. Only an
+//!   effect that is itself idempotent (a unique key in the same database transaction, as the
+//!   `manual_sqlite` example does) closes this.
+//! - **Concurrent duplicates.** Two copies of one key in flight at the same time (a
+//!   duplicate publish picked up by another consumer, or by this one with concurrency above
+//!   one, while the first still runs) both find the key unseen and both run. `seen` and
+//!   `mark` are a lookup and a later write, not a claim, so a shared transactional store
+//!   does not prevent this either; again the effect must be idempotent.
+//! - **Redeliveries to another process.** After a connection loss the broker may hand the
+//!   message to any consumer of the queue. An in-process store (like [`MemoryStore`]) only
+//!   knows what its own process marked; a store shared by every consumer (a database
+//!   table) is needed for those.
+//! - **Forgotten keys.** [`MemoryStore`] is empty after a restart, evicts the oldest keys
+//!   past its capacity and treats keys older than its TTL as unseen; a duplicate arriving
+//!   after that runs the handler.
+//! - Deliveries without a key (no message id, or your key function returned `None`): the
+//!   handler runs.
 //!
 //! # Store failures
 //!
@@ -38,7 +52,9 @@
 //!
 //! In `Auto` and `NackOnError` mode a handler outcome of [`Outcome::Ack`] is marked before
 //! the runtime acks. In `Manual` mode the handler's [`Settle`] handle is wrapped: its `ack`
-//! marks first, then acks; a skipped duplicate is acked through the handle.
+//! marks first, then acks; a skipped duplicate is acked through the handle. Under
+//! `AckFirst` the original is acked on receipt, before the layer runs: a crash loses the
+//! message rather than duplicating it, so the layer only catches duplicate publishes.
 //!
 //! ```
 //! use std::time::Duration;
