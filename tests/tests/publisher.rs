@@ -136,6 +136,154 @@ async fn publish_many_streams_every_outcome() {
     assert_eq!(vh.depth("ok").await, 180);
 }
 
+/// The trap lapin sets with several mandatory publishes in flight on one channel: a
+/// `basic.return` rides on whichever confirm lapin resolves next, often another message's.
+/// One channel, a wide window, routable (fsync-delayed, so acks come in multi-ack batches),
+/// unroutable and nacked publishes interleaved: every outcome must name its own message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_channel_many_mandatory_in_flight_are_attributed_exactly() {
+    use futures_util::StreamExt;
+    let vh = Broker::from_env().vhost("pub-one-channel");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    vh.declare_queue("full", reject_publish()).await;
+    let p = publisher(
+        vh.url(),
+        PublisherConfig {
+            max_in_flight: 512,
+            channels: 1,
+            ..Default::default()
+        },
+    );
+    let n = 6000usize;
+    // A pattern without period 2 or 3, so neighbours differ in every combination.
+    let kind = |i: usize| match (i * 7 + i / 5) % 5 {
+        0..=2 => 0,
+        3 => 1,
+        _ => 2,
+    };
+    let envs = (0..n).map(move |i| {
+        let rk = ["ok", "nowhere", "full"][kind(i)];
+        // Mostly transient: their confirms come as fast as the returns' ones, so the broker
+        // folds routable and returned publishes into one multi-ack (where lapin hands a
+        // return to whichever confirm of the batch it resolves first).
+        Envelope::new("", rk, vec![1u8; 256])
+            .message_id(format!("m-{i}"))
+            .persistent(i % 4 == 0)
+    });
+    let outcomes: Vec<_> = p.publish_many(envs).collect().await;
+    assert_eq!(outcomes.len(), n);
+    let mut wrong = Vec::new();
+    let mut counts = [0u64; 3];
+    for (i, o) in &outcomes {
+        let o = o.as_ref().unwrap();
+        let good = match kind(*i) {
+            0 => o.is_confirmed(),
+            1 => matches!(
+                o,
+                PublishOutcome::Returned {
+                    reply_code: 312,
+                    ..
+                }
+            ),
+            _ => matches!(o, PublishOutcome::Nacked),
+        };
+        counts[kind(*i)] += 1;
+        if !good {
+            wrong.push(format!("#{i} (kind {}): {o}", kind(*i)));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} misattributed: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    let s = p.stats();
+    assert_eq!(
+        (s.confirmed, s.returned, s.nacked),
+        (counts[0], counts[1], counts[2])
+    );
+    assert_eq!(
+        u64::from(vh.depth("ok").await),
+        counts[0],
+        "queue depth agrees with confirms"
+    );
+    assert_eq!(p.in_flight(), 0);
+}
+
+/// Returns are attributed by message id, so two publishes with one id must never be in
+/// flight on one channel together: the second waits for the first's outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publishes_sharing_a_message_id_are_each_attributed() {
+    let vh = Broker::from_env().vhost("pub-same-id");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let p = publisher(
+        vh.url(),
+        PublisherConfig {
+            max_in_flight: 64,
+            channels: 1,
+            ..Default::default()
+        },
+    );
+    let mut pending = Vec::new();
+    for i in 0..200 {
+        let rk = if i % 2 == 0 { "ok" } else { "nowhere" };
+        let env = Envelope::new("", rk, "same").message_id(format!("dup-{}", i % 4));
+        pending.push((i, p.send(env).await.unwrap()));
+    }
+    for (i, confirm) in pending {
+        let o = confirm.await;
+        if i % 2 == 0 {
+            assert!(o.is_confirmed(), "#{i}: {o}");
+        } else {
+            assert!(matches!(o, PublishOutcome::Returned { .. }), "#{i}: {o}");
+        }
+    }
+    assert_eq!(vh.depth("ok").await, 100);
+}
+
+/// Several channels: the window is shared, every outcome is still exact, and a
+/// `channels = 0` config is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_channels_share_one_window() {
+    use futures_util::StreamExt;
+    let vh = Broker::from_env().vhost("pub-lanes");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let bad = Publisher::new(
+        ConnectionConfig::new(vh.url()),
+        PublisherConfig {
+            channels: 0,
+            ..Default::default()
+        },
+    );
+    assert!(matches!(bad, Err(Error::Config(_))));
+    let p = publisher(
+        vh.url(),
+        PublisherConfig {
+            max_in_flight: 32,
+            channels: 3,
+            ..Default::default()
+        },
+    );
+    let envs = (0..900).map(|i| Envelope::new("", if i % 4 == 0 { "nowhere" } else { "ok" }, "x"));
+    let mut stream = Box::pin(p.publish_many(envs));
+    let mut peak = 0;
+    let mut seen = 0;
+    while let Some((i, o)) = stream.next().await {
+        peak = peak.max(p.in_flight());
+        let o = o.unwrap();
+        if i % 4 == 0 {
+            assert!(matches!(o, PublishOutcome::Returned { .. }), "#{i}: {o}");
+        } else {
+            assert!(o.is_confirmed(), "#{i}: {o}");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 900);
+    assert!(peak <= 32, "window exceeded: {peak}");
+    assert_eq!(vh.depth("ok").await, 675);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connections_closed_mid_stream_fail_pending_then_resume() {
     let vh = Arc::new(Broker::from_env().vhost("pub-close"));

@@ -3,14 +3,18 @@
 //! Design, from measured lapin 4.12 behaviour (see `docs/ARCHITECTURE.md`):
 //! - its **own connection**: a resource alarm blocks a publishing connection entirely
 //!   (acks included), so consumers never share it;
-//! - a pool of confirm-mode channels with **one publish in flight per channel**: with several
-//!   mandatory publishes in flight on one channel lapin can attach a `basic.return` to the
-//!   wrong confirm (~12 % measured), and concurrent `basic_publish` calls on one channel get
-//!   confirms attributed to the wrong publish. One in flight per channel makes attribution
-//!   exact; the pool size is the bounded unconfirmed window;
+//! - a few confirm-mode channels ("lanes", [`PublisherConfig::channels`]), each owned by one
+//!   task that writes its publishes one at a time (concurrent `basic_publish` calls on one
+//!   channel get confirms attributed to the wrong publish) and keeps many unconfirmed;
+//! - returns are attributed by message id, not by which confirm lapin attached them to (with
+//!   several mandatory publishes in flight lapin hands a `basic.return` to whichever confirm
+//!   it resolves next); see `lane.rs` for why that is exact;
+//! - the unconfirmed window is a semaphore shared by all lanes: when it is full, `send`
+//!   waits, so memory stays bounded and backpressure reaches the caller;
 //! - every confirm is awaited individually (`wait_for_confirms` only waits for the last one);
-//! - `Ack(Some(returned))` is [`PublishOutcome::Returned`], never success.
+//! - `Ack` with a return is [`PublishOutcome::Returned`], never success.
 
+mod lane;
 mod outcome;
 
 pub use outcome::PublishOutcome;
@@ -18,30 +22,31 @@ pub use outcome::PublishOutcome;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use lapin::Confirmation;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel};
 use serde::Deserialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::connection::{Conn, ConnectionConfig, Connector};
-use crate::envelope::{Envelope, Prepared};
+use crate::connection::{ConnectionConfig, Connector};
+use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 
 /// Publisher settings.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PublisherConfig {
-    /// Unconfirmed publishes allowed at once (= confirm channels in the pool). When all are
-    /// in flight, `publish` waits: backpressure reaches the caller, memory stays bounded.
+    /// Unconfirmed publishes allowed at once, over all channels. When all are in flight,
+    /// `publish` waits: backpressure reaches the caller, memory stays bounded.
     #[serde(default = "default_window")]
     pub max_in_flight: usize,
+    /// Confirm channels the publishes are spread over, round-robin. Each is written by one
+    /// task; with `1`, publishes go out in the order they were sent.
+    #[serde(default = "default_channels")]
+    pub channels: usize,
     /// How long a publish may wait for its confirm (write included) before it is
     /// `TimedOut`. Generous: durable confirms wait for fsync, quorum ones for a majority.
     #[serde(with = "humantime_serde", default = "default_confirm_timeout")]
@@ -54,6 +59,9 @@ pub struct PublisherConfig {
 fn default_window() -> usize {
     64
 }
+fn default_channels() -> usize {
+    1
+}
 fn default_confirm_timeout() -> Duration {
     Duration::from_secs(30)
 }
@@ -65,6 +73,7 @@ impl Default for PublisherConfig {
     fn default() -> Self {
         Self {
             max_in_flight: default_window(),
+            channels: default_channels(),
             confirm_timeout: default_confirm_timeout(),
             max_body: default_max_body(),
         }
@@ -107,7 +116,7 @@ pub struct PublisherStats {
 
 /// A publisher with broker confirms, mandatory routing and a bounded unconfirmed window.
 ///
-/// Cheap to clone; clones share the connection and the window.
+/// Cheap to clone; clones share the connection, the channels and the window.
 #[derive(Debug, Clone)]
 pub struct Publisher {
     inner: Arc<Inner>,
@@ -115,10 +124,21 @@ pub struct Publisher {
 
 #[derive(Debug)]
 struct Inner {
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    /// One sender per lane; a lane's task starts on the first publish it gets (a publisher
+    /// can be built outside a runtime) and again if its runtime went away.
+    lanes: Box<[std::sync::Mutex<Option<mpsc::UnboundedSender<lane::Job>>>]>,
+    next_lane: AtomicUsize,
+}
+
+/// What the lanes share with the handle. Lanes do not hold [`Inner`]: when the last
+/// `Publisher` clone is dropped, the lanes see their senders close, finish what they hold
+/// and stop.
+#[derive(Debug)]
+struct Shared {
     connector: Connector,
     cfg: PublisherConfig,
-    permits: Arc<Semaphore>,
-    idle: std::sync::Mutex<Vec<(u64, Channel)>>,
     counters: Counters,
 }
 
@@ -131,29 +151,41 @@ impl Publisher {
                 "publisher max-in-flight must be at least 1".into(),
             ));
         }
+        if cfg.channels == 0 {
+            return Err(Error::Config(
+                "publisher channels must be at least 1".into(),
+            ));
+        }
+        let lanes = (0..cfg.channels)
+            .map(|_| std::sync::Mutex::new(None))
+            .collect();
         Ok(Self {
             inner: Arc::new(Inner {
-                connector: Connector::new(connection, "rabbitkit-publisher")?,
+                shared: Arc::new(Shared {
+                    connector: Connector::new(connection, "rabbitkit-publisher")?,
+                    counters: Counters::default(),
+                    cfg: cfg.clone(),
+                }),
                 permits: Arc::new(Semaphore::new(cfg.max_in_flight)),
-                idle: std::sync::Mutex::new(Vec::new()),
-                cfg,
-                counters: Counters::default(),
+                lanes,
+                next_lane: AtomicUsize::new(0),
             }),
         })
     }
 
     /// Connects now (instead of on the first publish), waiting up to the confirm timeout.
     pub async fn connect(&self) -> Result<()> {
-        self.inner
+        let shared = &self.inner.shared;
+        shared
             .connector
-            .get(self.inner.cfg.confirm_timeout)
+            .get(shared.cfg.confirm_timeout)
             .await
             .map(|_| ())
     }
 
     /// The settings.
     pub fn config(&self) -> &PublisherConfig {
-        &self.inner.cfg
+        &self.inner.shared.cfg
     }
 
     /// Publishes and waits for the broker's verdict.
@@ -168,10 +200,15 @@ impl Publisher {
         Ok(self.send(envelope).await?.await)
     }
 
-    /// Writes the publish and returns once it is on the wire (waiting for a free slot in
-    /// the window first); the returned [`PendingConfirm`] resolves to the outcome.
+    /// Takes a slot in the window (waiting while the window is full), hands the publish to
+    /// one of the confirm channels and returns; the [`PendingConfirm`] resolves to the
+    /// outcome. With [`PublisherConfig::channels`] = 1, publishes sent one after another go
+    /// out in that order.
+    ///
+    /// `Err` means the envelope was refused before anything was sent.
     pub async fn send(&self, envelope: Envelope) -> Result<PendingConfirm> {
-        let prepared = envelope.prepare(self.inner.cfg.max_body, MAX_PROPERTIES)?;
+        let shared = &self.inner.shared;
+        let prepared = envelope.prepare(shared.cfg.max_body, MAX_PROPERTIES)?;
         let permit = self
             .inner
             .permits
@@ -179,26 +216,16 @@ impl Publisher {
             .acquire_owned()
             .await
             .map_err(|_| Error::Config("publisher closed".into()))?;
-        self.inner.counters.sent.fetch_add(1, Ordering::Relaxed);
+        shared.counters.sent.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let deadline = started + self.inner.cfg.confirm_timeout;
-        let (tx, rx) = oneshot::channel();
-        match self.write(prepared, deadline).await {
-            Ok((conn, gen_channel, confirm)) => {
-                let inner = self.inner.clone();
-                tokio::spawn(async move {
-                    let outcome = inner
-                        .await_confirm(conn, gen_channel, confirm, started, deadline, permit)
-                        .await;
-                    let _ = tx.send(outcome);
-                });
-            }
-            Err(outcome) => {
-                drop(permit);
-                self.inner.count(&outcome);
-                let _ = tx.send(outcome);
-            }
-        }
+        let (reply, rx) = oneshot::channel();
+        self.inner.dispatch(lane::Job {
+            prepared,
+            permit,
+            reply,
+            started,
+            deadline: started + shared.cfg.confirm_timeout,
+        });
         Ok(PendingConfirm { rx })
     }
 
@@ -213,7 +240,7 @@ impl Publisher {
         I::IntoIter: Send + 'static,
     {
         let this = self.clone();
-        let window = self.inner.cfg.max_in_flight;
+        let window = self.inner.shared.cfg.max_in_flight;
         futures_util::stream::iter(envelopes.into_iter().enumerate())
             .map(move |(i, env)| {
                 let this = this.clone();
@@ -224,7 +251,7 @@ impl Publisher {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> PublisherStats {
-        let c = &self.inner.counters;
+        let c = &self.inner.shared.counters;
         PublisherStats {
             sent: c.sent.load(Ordering::Relaxed),
             confirmed: c.confirmed.load(Ordering::Relaxed),
@@ -238,125 +265,47 @@ impl Publisher {
 
     /// Publishes in flight right now.
     pub fn in_flight(&self) -> usize {
-        self.inner.cfg.max_in_flight - self.inner.permits.available_permits()
+        self.inner.shared.cfg.max_in_flight - self.inner.permits.available_permits()
     }
 
     /// Waits for in-flight publishes (up to `deadline`), then closes the connection.
     pub async fn close(&self, deadline: Duration) {
-        let all = u32::try_from(self.inner.cfg.max_in_flight).unwrap_or(u32::MAX);
+        let all = u32::try_from(self.inner.shared.cfg.max_in_flight).unwrap_or(u32::MAX);
         let _ = tokio::time::timeout(deadline, self.inner.permits.acquire_many(all)).await;
-        self.inner
-            .idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-        self.inner.connector.close().await;
-    }
-
-    async fn write(
-        &self,
-        p: Prepared,
-        deadline: Instant,
-    ) -> std::result::Result<(Arc<Conn>, (u64, Channel), lapin::PublisherConfirm), PublishOutcome>
-    {
-        let wait = deadline.saturating_duration_since(Instant::now());
-        let conn = self
-            .inner
-            .connector
-            .get(wait)
-            .await
-            .map_err(PublishOutcome::Failed)?;
-        let blocks_before = conn.block_count();
-        let timed_out = |conn: &Conn| PublishOutcome::TimedOut {
-            blocked: conn.is_blocked() || conn.block_count() != blocks_before,
-        };
-        let channel = match tokio::time::timeout_at(deadline, self.inner.channel(&conn)).await {
-            Ok(Ok(ch)) => ch,
-            Ok(Err(e)) => return Err(PublishOutcome::Failed(e)),
-            Err(_) => return Err(timed_out(&conn)),
-        };
-        let opts = BasicPublishOptions {
-            mandatory: p.mandatory,
-            immediate: false,
-        };
-        let write = channel
-            .1
-            .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties);
-        match tokio::time::timeout_at(deadline, write).await {
-            Ok(Ok(confirm)) => Ok((conn, channel, confirm)),
-            Ok(Err(e)) => Err(PublishOutcome::Failed(Error::amqp(e))),
-            // The channel is dropped: a late confirm or return must never reach the next publish.
-            Err(_) => Err(timed_out(&conn)),
-        }
+        self.inner.shared.connector.close().await;
     }
 }
 
 impl Inner {
-    async fn channel(&self, conn: &Conn) -> Result<(u64, Channel)> {
-        {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            while let Some((generation, ch)) = idle.pop() {
-                if generation == conn.generation && ch.status().connected() {
-                    return Ok((generation, ch));
-                }
+    /// Hands `job` to the next lane, starting the lane's task if it is not running.
+    fn dispatch(&self, mut job: lane::Job) {
+        let i = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+        let mut slot = self.lanes[i].lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = slot.as_ref() {
+            match tx.send(job) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(back)) => job = back,
             }
         }
-        let ch = conn.conn.create_channel().await.map_err(Error::amqp)?;
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(Error::amqp)?;
-        Ok((conn.generation, ch))
-    }
-
-    async fn await_confirm(
-        &self,
-        conn: Arc<Conn>,
-        channel: (u64, Channel),
-        confirm: lapin::PublisherConfirm,
-        started: Instant,
-        deadline: Instant,
-        permit: OwnedSemaphorePermit,
-    ) -> PublishOutcome {
-        let blocks_before = conn.block_count();
-        let outcome = match tokio::time::timeout_at(deadline, confirm).await {
-            Ok(Ok(Confirmation::Ack(None))) => PublishOutcome::Confirmed {
-                latency: started.elapsed(),
-            },
-            Ok(Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret))))
-                if ret.reply_code != 0 =>
-            {
-                PublishOutcome::Returned {
-                    reply_code: ret.reply_code,
-                    reply_text: ret.reply_text.to_string(),
-                }
+        let handle = match tokio::runtime::Handle::try_current() {
+            Ok(handle) => handle,
+            Err(_) => {
+                let outcome =
+                    PublishOutcome::Failed(Error::Config("publish outside a tokio runtime".into()));
+                self.shared.count(&outcome);
+                let _ = job.reply.send(outcome);
+                return;
             }
-            Ok(Ok(Confirmation::Ack(Some(_)) | Confirmation::Nack(_))) => PublishOutcome::Nacked,
-            Ok(Ok(Confirmation::NotRequested)) => {
-                PublishOutcome::Failed(Error::Amqp("channel is not in confirm mode".into()))
-            }
-            Ok(Err(e)) => PublishOutcome::Failed(Error::amqp(e)),
-            Err(_) => PublishOutcome::TimedOut {
-                blocked: conn.is_blocked() || conn.block_count() != blocks_before,
-            },
         };
-        // Only a channel whose one publish got a definite verdict goes back to the pool.
-        let definite = matches!(
-            outcome,
-            PublishOutcome::Confirmed { .. }
-                | PublishOutcome::Returned { .. }
-                | PublishOutcome::Nacked
-        );
-        if definite && channel.1.status().connected() {
-            self.idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(channel);
-        }
-        drop(permit);
-        self.count(&outcome);
-        outcome
+        let (tx, rx) = mpsc::unbounded_channel();
+        handle.spawn(lane::run(self.shared.clone(), rx));
+        // The receiver is alive: it was just handed to the lane.
+        let _ = tx.send(job);
+        *slot = Some(tx);
     }
+}
 
+impl Shared {
     fn count(&self, outcome: &PublishOutcome) {
         let c = &self.counters;
         match outcome {
@@ -391,8 +340,8 @@ impl Inner {
     }
 }
 
-/// A publish on the wire, waiting for its confirm. Dropping it does not cancel anything:
-/// the confirm is still awaited and counted.
+/// A publish handed to the publisher, waiting for its outcome. Dropping it does not cancel
+/// anything: the publish is still made, its confirm awaited and counted.
 #[derive(Debug)]
 #[must_use = "the outcome says whether the broker took the message"]
 pub struct PendingConfirm {
@@ -405,12 +354,10 @@ impl Future for PendingConfirm {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PublishOutcome> {
         Pin::new(&mut self.rx).poll(cx).map(|r| {
             r.unwrap_or_else(|_| {
-                PublishOutcome::Failed(Error::Amqp("confirm task ended (runtime shut down)".into()))
+                PublishOutcome::Failed(Error::Amqp(
+                    "publisher task ended (runtime shut down)".into(),
+                ))
             })
         })
     }
 }
-
-/// Unused helper kept private: the properties type publishers accept.
-#[allow(dead_code)]
-type Props = BasicProperties;

@@ -1,0 +1,670 @@
+//! One confirm channel and the task that owns it: many publishes in flight, each outcome
+//! attributed exactly.
+//!
+//! A lane writes its publishes one at a time (lapin attributes confirms to the wrong message
+//! when `basic_publish` calls race on one channel) and keeps up to the window unconfirmed.
+//! Two lapin facts shape how outcomes are read (lapin 4.12, `acknowledgement.rs`):
+//!
+//! - a `basic.return` is not attached to the confirm of the message it returns: lapin hands
+//!   it to whichever confirm it resolves next on that channel. The broker sends the return
+//!   before the message's ack, so the confirm that carries it resolves no later than the
+//!   returned message's own one. The lane therefore reads the carried return's
+//!   `message_id` (rabbitkit always sets one) and files it under that id; a lane never has
+//!   two publishes with one id in flight, so the id names exactly one publish;
+//! - one multi-ack frame resolves its confirms one by one, in hash order, while lapin holds
+//!   the channel's acknowledgement lock. A lane that sees one confirm of such a batch may
+//!   not see the carrier yet. Before reporting, the lane takes that lock itself (through
+//!   `wait_for_confirms`, polled once) and looks again: once it holds the lock, every confirm
+//!   of the batch is resolved and has woken the lane. Only then are outcomes reported.
+//!
+//! Confirms are polled through one waker per publish that records which publish woke it,
+//! so a wake-up is never missed and the lane touches only the confirms that changed.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use futures_util::FutureExt;
+use futures_util::task::AtomicWaker;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
+use lapin::{Channel, Confirmation, PublisherConfirm};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::time::{Instant, Sleep};
+
+use super::{PublishOutcome, Shared};
+use crate::connection::Conn;
+use crate::envelope::Prepared;
+use crate::error::{Error, Result};
+
+/// Loop turns a lane takes before it yields to the runtime.
+const BUDGET: usize = 128;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One publish handed to a lane. It holds its window slot until its outcome is reported.
+pub(super) struct Job {
+    pub(super) prepared: Prepared,
+    pub(super) permit: OwnedSemaphorePermit,
+    pub(super) reply: oneshot::Sender<PublishOutcome>,
+    pub(super) started: Instant,
+    pub(super) deadline: Instant,
+}
+
+impl Job {
+    fn id(&self) -> ShortString {
+        self.prepared
+            .properties
+            .message_id()
+            .clone()
+            .unwrap_or_default()
+    }
+}
+
+/// Publishes that woke their waker since the lane last looked.
+#[derive(Default)]
+struct Wakes {
+    seqs: Mutex<Vec<u64>>,
+    lane: AtomicWaker,
+}
+
+impl Wakes {
+    fn take(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.seqs.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// The waker of one publish's confirm.
+struct SeqWaker {
+    seq: u64,
+    wakes: Arc<Wakes>,
+}
+
+impl Wake for SeqWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wakes
+            .seqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.seq);
+        self.wakes.lane.wake();
+    }
+}
+
+/// A publish written (or being written) on a channel.
+struct Entry {
+    epoch: u64,
+    id: ShortString,
+    started: Instant,
+    deadline: Instant,
+    conn: Arc<Conn>,
+    blocks_before: u64,
+    /// `None` once the outcome is reported. An entry reported as timed out stays until its
+    /// confirm resolves or its channel is dropped: a late return it carries must still be
+    /// filed, and its id stays taken on its channel.
+    reply: Option<(oneshot::Sender<PublishOutcome>, OwnedSemaphorePermit)>,
+    confirm: Option<PublisherConfirm>,
+    waker: Waker,
+}
+
+impl Entry {
+    fn timed_out(&self) -> PublishOutcome {
+        PublishOutcome::TimedOut {
+            blocked: self.conn.is_blocked() || self.conn.block_count() != self.blocks_before,
+        }
+    }
+}
+
+struct Open {
+    conn: Arc<Conn>,
+    channel: Arc<Channel>,
+    epoch: u64,
+}
+
+/// An opening channel: its connection and channel, unless the open failed or ran out of time.
+type Opened = std::result::Result<Result<(Arc<Conn>, Channel)>, tokio::time::error::Elapsed>;
+
+enum Chan {
+    None,
+    Opening(BoxFuture<Opened>),
+    Open(Open),
+}
+
+struct Writing {
+    seq: u64,
+    fut: BoxFuture<lapin::Result<PublisherConfirm>>,
+}
+
+/// The state of one lane; driven by [`run`].
+struct Lane {
+    shared: Arc<Shared>,
+    rx: mpsc::UnboundedReceiver<Job>,
+    rx_open: bool,
+    /// Received, not yet written.
+    backlog: VecDeque<Job>,
+    chan: Chan,
+    /// Channels of earlier epochs that still have publishes waiting for a confirm.
+    old: Vec<Open>,
+    /// Epoch of the current (or next) channel; a new channel is a new epoch.
+    epoch: u64,
+    /// A publish on the current channel timed out: write nothing more on it, drop it once
+    /// every other publish on it is reported.
+    tainted: bool,
+    writing: Option<Writing>,
+    next_seq: u64,
+    entries: HashMap<u64, Entry>,
+    /// `(epoch, message id)` of every entry: a second publish with a taken id waits.
+    ids: HashSet<(u64, ShortString)>,
+    /// Returns read from the confirms that carried them, by `(epoch, message id)`.
+    returns: HashMap<(u64, ShortString), (u16, String)>,
+    /// Deadlines of unreported entries.
+    deadlines: BTreeSet<(Instant, u64)>,
+    wakes: Arc<Wakes>,
+    timer: Pin<Box<Sleep>>,
+    armed: Option<Instant>,
+}
+
+/// Runs one lane until every sender is gone and every publish handed to it is reported.
+pub(super) async fn run(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Job>) {
+    let mut lane = Lane {
+        shared,
+        rx,
+        rx_open: true,
+        backlog: VecDeque::new(),
+        chan: Chan::None,
+        old: Vec::new(),
+        epoch: 0,
+        tainted: false,
+        writing: None,
+        next_seq: 0,
+        entries: HashMap::new(),
+        ids: HashSet::new(),
+        returns: HashMap::new(),
+        deadlines: BTreeSet::new(),
+        wakes: Arc::default(),
+        timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+        armed: None,
+    };
+    std::future::poll_fn(|cx| lane.poll(cx)).await;
+    lane.close_channel();
+}
+
+impl Lane {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.wakes.lane.register(cx.waker());
+        for _ in 0..BUDGET {
+            let mut progress = self.receive(cx);
+            progress |= self.settle_confirms(cx);
+            progress |= self.poll_open(cx);
+            progress |= self.expire();
+            progress |= self.recycle();
+            progress |= self.start_work();
+            if progress {
+                continue;
+            }
+            if !self.rx_open && self.backlog.is_empty() && !self.has_unreported(None) {
+                return Poll::Ready(());
+            }
+            if !self.timer_fired(cx) {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn receive(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while self.rx_open {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(job)) => {
+                    self.backlog.push_back(job);
+                    progress = true;
+                }
+                Poll::Ready(None) => {
+                    self.rx_open = false;
+                    progress = true;
+                }
+                Poll::Pending => break,
+            }
+        }
+        progress
+    }
+
+    /// Polls the confirms that woke and the write in progress, then reports what resolved,
+    /// after the acknowledgement barrier (see the module docs).
+    fn settle_confirms(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut resolved: Vec<(u64, lapin::Result<Confirmation>)> = Vec::new();
+        let mut progress = false;
+        loop {
+            let mut saw = false;
+            for seq in self.wakes.take() {
+                if let Some(result) = self.poll_confirm(seq) {
+                    self.file_return(seq, &result);
+                    resolved.push((seq, result));
+                    saw = true;
+                }
+            }
+            if let Some(written) = self.poll_write(cx) {
+                progress = true;
+                saw = true;
+                if let Some(result) =
+                    written.and_then(|seq| self.poll_confirm(seq).map(|r| (seq, r)))
+                {
+                    self.file_return(result.0, &result.1);
+                    resolved.push(result);
+                }
+            }
+            if !saw {
+                break;
+            }
+            self.barrier();
+        }
+        for (seq, result) in resolved {
+            self.finish(seq, result);
+            progress = true;
+        }
+        progress
+    }
+
+    fn poll_confirm(&mut self, seq: u64) -> Option<lapin::Result<Confirmation>> {
+        let entry = self.entries.get_mut(&seq)?;
+        let confirm = entry.confirm.as_mut()?;
+        let mut ecx = Context::from_waker(&entry.waker);
+        match Pin::new(confirm).poll(&mut ecx) {
+            Poll::Ready(result) => {
+                entry.confirm = None;
+                Some(result)
+            }
+            Poll::Pending => None,
+        }
+    }
+
+    /// `Some(Some(seq))`: the write of `seq` finished and its confirm is now tracked;
+    /// `Some(None)`: the write finished with an error (reported); `None`: nothing changed.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Option<Option<u64>> {
+        let writing = self.writing.as_mut()?;
+        let result = match writing.fut.as_mut().poll(cx) {
+            Poll::Ready(result) => result,
+            Poll::Pending => return None,
+        };
+        let seq = writing.seq;
+        self.writing = None;
+        match result {
+            Ok(confirm) => {
+                let entry = self.entries.get_mut(&seq)?;
+                entry.confirm = Some(confirm);
+                Some(Some(seq))
+            }
+            Err(e) => {
+                self.taint_if_current(seq);
+                self.report(seq, PublishOutcome::Failed(Error::amqp(e)));
+                self.forget(seq);
+                Some(None)
+            }
+        }
+    }
+
+    /// Files the return a resolved confirm carries under the id of the message it returns.
+    fn file_return(&mut self, seq: u64, result: &lapin::Result<Confirmation>) {
+        let Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret))) = result else {
+            return;
+        };
+        if let Some(epoch) = self.entries.get(&seq).map(|e| e.epoch) {
+            self.file(epoch, ret);
+        }
+    }
+
+    /// Files one return of the channel of `epoch` under the id of the message it returns.
+    fn file(&mut self, epoch: u64, ret: &lapin::message::BasicReturnMessage) {
+        if ret.reply_code == 0 {
+            return;
+        }
+        let key = (
+            epoch,
+            ret.properties.message_id().clone().unwrap_or_default(),
+        );
+        if self.ids.contains(&key) {
+            self.returns
+                .insert(key, (ret.reply_code, ret.reply_text.to_string()));
+        } else {
+            tracing::warn!(message_id = %key.1, reply_code = ret.reply_code, "return for a publish this lane does not track; dropped");
+        }
+    }
+
+    /// Locks lapin's acknowledgement table of every channel with publishes in flight: a
+    /// multi-ack being applied holds that lock until all of its confirms are resolved.
+    fn barrier(&mut self) {
+        let mut carried = Vec::new();
+        let current = match &self.chan {
+            Chan::Open(open) => Some(open),
+            _ => None,
+        };
+        for open in current.into_iter().chain(self.old.iter()) {
+            // Resolves at once (with the returns of dropped confirms) when nothing is
+            // pending; otherwise stays pending and is dropped, which has no effect.
+            if let Some(Ok(returns)) = open.channel.wait_for_confirms().now_or_never() {
+                carried.extend(returns.into_iter().map(|r| (open.epoch, r)));
+            }
+        }
+        for (epoch, ret) in carried {
+            self.file(epoch, &ret);
+        }
+    }
+
+    /// A confirm resolved: report the outcome (unless already reported) and forget the entry.
+    fn finish(&mut self, seq: u64, result: lapin::Result<Confirmation>) {
+        let Some(entry) = self.entries.get(&seq) else {
+            return;
+        };
+        if entry.reply.is_some() {
+            let key = (entry.epoch, entry.id.clone());
+            let returned = self.returns.get(&key).cloned();
+            let outcome = match (result, returned) {
+                (
+                    Ok(Confirmation::Ack(_) | Confirmation::Nack(_)),
+                    Some((reply_code, reply_text)),
+                ) => PublishOutcome::Returned {
+                    reply_code,
+                    reply_text,
+                },
+                (Ok(Confirmation::Ack(_)), None) => PublishOutcome::Confirmed {
+                    latency: entry.started.elapsed(),
+                },
+                (Ok(Confirmation::Nack(_)), None) => PublishOutcome::Nacked,
+                (Ok(Confirmation::NotRequested), _) => {
+                    PublishOutcome::Failed(Error::Amqp("channel is not in confirm mode".into()))
+                }
+                (Err(e), _) => PublishOutcome::Failed(Error::amqp(e)),
+            };
+            self.report(seq, outcome);
+        }
+        self.forget(seq);
+    }
+
+    /// Sends the outcome, frees the window slot, counts. The entry stays (as a zombie when
+    /// its confirm is still pending) until [`Lane::forget`].
+    fn report(&mut self, seq: u64, outcome: PublishOutcome) {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        let Some((reply, permit)) = entry.reply.take() else {
+            return;
+        };
+        self.deadlines.remove(&(entry.deadline, seq));
+        self.shared.count(&outcome);
+        let _ = reply.send(outcome);
+        drop(permit);
+    }
+
+    fn forget(&mut self, seq: u64) {
+        if let Some(entry) = self.entries.remove(&seq) {
+            self.deadlines.remove(&(entry.deadline, seq));
+            let key = (entry.epoch, entry.id);
+            self.returns.remove(&key);
+            self.ids.remove(&key);
+        }
+    }
+
+    fn taint_if_current(&mut self, seq: u64) {
+        if self
+            .entries
+            .get(&seq)
+            .is_some_and(|e| e.epoch == self.epoch)
+        {
+            self.tainted = true;
+        }
+    }
+
+    fn poll_open(&mut self, cx: &mut Context<'_>) -> bool {
+        let Chan::Opening(fut) = &mut self.chan else {
+            return false;
+        };
+        let Poll::Ready(result) = fut.as_mut().poll(cx) else {
+            return false;
+        };
+        self.chan = Chan::None;
+        match result {
+            Ok(Ok((conn, channel))) => {
+                self.chan = Chan::Open(Open {
+                    conn,
+                    channel: Arc::new(channel),
+                    epoch: self.epoch,
+                });
+            }
+            // The attempt was bounded by the first waiting publish's deadline: that one
+            // gets the verdict, the others get an attempt of their own.
+            Ok(Err(e)) => self.fail_front(PublishOutcome::Failed(e)),
+            Err(_) => self.fail_front(PublishOutcome::TimedOut { blocked: false }),
+        }
+        true
+    }
+
+    fn fail_front(&mut self, outcome: PublishOutcome) {
+        if let Some(job) = self.backlog.pop_front() {
+            self.reply_unwritten(job, outcome);
+        }
+    }
+
+    fn reply_unwritten(&self, job: Job, outcome: PublishOutcome) {
+        self.shared.count(&outcome);
+        let _ = job.reply.send(outcome);
+        drop(job.permit);
+    }
+
+    /// Reports every publish whose deadline passed, written or not.
+    fn expire(&mut self) -> bool {
+        let first_entry = self.deadlines.first().map(|(d, _)| *d);
+        let first_job = self.backlog.front().map(|j| j.deadline);
+        let due = match (first_entry, first_job) {
+            (None, None) => return false,
+            (a, b) => a.into_iter().chain(b).min(),
+        };
+        let now = Instant::now();
+        if due.is_some_and(|d| d > now) {
+            return false;
+        }
+        let mut progress = false;
+        while let Some(&(deadline, seq)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let outcome = match self.entries.get(&seq) {
+                Some(entry) => entry.timed_out(),
+                None => continue,
+            };
+            self.taint_if_current(seq);
+            self.report(seq, outcome);
+            progress = true;
+        }
+        if self.backlog.front().is_some_and(|j| j.deadline <= now) {
+            let blocked = match &self.chan {
+                Chan::Open(open) => open.conn.is_blocked(),
+                _ => false,
+            };
+            let (due, waiting): (Vec<Job>, Vec<Job>) =
+                self.backlog.drain(..).partition(|j| j.deadline <= now);
+            self.backlog = waiting.into();
+            for job in due {
+                self.reply_unwritten(job, PublishOutcome::TimedOut { blocked });
+            }
+            progress = true;
+        }
+        progress
+    }
+
+    fn has_unreported(&self, epoch: Option<u64>) -> bool {
+        self.entries
+            .values()
+            .any(|e| e.reply.is_some() && epoch.is_none_or(|ep| e.epoch == ep))
+    }
+
+    /// Drops a tainted channel once nothing unreported is left on it.
+    fn recycle(&mut self) -> bool {
+        if !self.tainted || self.has_unreported(Some(self.epoch)) {
+            return false;
+        }
+        let epoch = self.epoch;
+        if self
+            .writing
+            .as_ref()
+            .is_some_and(|w| self.entries.get(&w.seq).is_some_and(|e| e.epoch == epoch))
+        {
+            self.writing = None;
+        }
+        let zombies: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.epoch == epoch)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in zombies {
+            self.forget(seq);
+        }
+        self.close_channel();
+        self.epoch += 1;
+        self.tainted = false;
+        tracing::debug!(epoch, "publisher channel dropped after a timeout");
+        true
+    }
+
+    fn close_channel(&mut self) {
+        if let Chan::Open(open) = std::mem::replace(&mut self.chan, Chan::None)
+            && open.channel.status().connected()
+        {
+            tokio::spawn(async move {
+                let close = open
+                    .channel
+                    .close(200, "rabbitkit: channel recycled".into());
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), close).await;
+            });
+        }
+    }
+
+    /// Opens a channel or starts the next write, when there is work and nothing in the way.
+    fn start_work(&mut self) -> bool {
+        let mut progress = false;
+        if let Chan::Open(open) = &self.chan
+            && (!open.channel.status().connected() || !open.conn.is_usable())
+        {
+            if let Chan::Open(open) = std::mem::replace(&mut self.chan, Chan::None)
+                && self.has_unreported(Some(open.epoch))
+            {
+                self.old.push(open);
+            }
+            self.epoch += 1;
+            self.tainted = false;
+            progress = true;
+        }
+        if !self.old.is_empty() {
+            let entries = &self.entries;
+            self.old
+                .retain(|o| entries.values().any(|e| e.epoch == o.epoch));
+        }
+        if self.tainted || self.writing.is_some() {
+            return progress;
+        }
+        let Some(front) = self.backlog.front() else {
+            return progress;
+        };
+        match &self.chan {
+            Chan::Opening(_) => progress,
+            Chan::None => {
+                let shared = self.shared.clone();
+                let deadline = front.deadline;
+                self.chan = Chan::Opening(Box::pin(tokio::time::timeout_at(
+                    deadline,
+                    open_channel(shared, deadline),
+                )));
+                true
+            }
+            Chan::Open(open) => {
+                let key = (open.epoch, front.id());
+                if self.ids.contains(&key) {
+                    // Same message id in flight on this channel: wait for its outcome.
+                    return progress;
+                }
+                let Some(job) = self.backlog.pop_front() else {
+                    return progress;
+                };
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let channel = open.channel.clone();
+                let p = job.prepared;
+                let opts = BasicPublishOptions {
+                    mandatory: p.mandatory,
+                    immediate: false,
+                };
+                let fut = Box::pin(async move {
+                    channel
+                        .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties)
+                        .await
+                });
+                self.entries.insert(
+                    seq,
+                    Entry {
+                        epoch: open.epoch,
+                        id: key.1.clone(),
+                        started: job.started,
+                        deadline: job.deadline,
+                        conn: open.conn.clone(),
+                        blocks_before: open.conn.block_count(),
+                        reply: Some((job.reply, job.permit)),
+                        confirm: None,
+                        waker: Waker::from(Arc::new(SeqWaker {
+                            seq,
+                            wakes: self.wakes.clone(),
+                        })),
+                    },
+                );
+                self.ids.insert(key);
+                self.deadlines.insert((job.deadline, seq));
+                self.writing = Some(Writing { seq, fut });
+                true
+            }
+        }
+    }
+
+    /// Arms the timer for the next deadline; true if it has already fired.
+    fn timer_fired(&mut self, cx: &mut Context<'_>) -> bool {
+        let next = self
+            .deadlines
+            .first()
+            .map(|(d, _)| *d)
+            .into_iter()
+            .chain(self.backlog.front().map(|j| j.deadline))
+            .min();
+        let Some(next) = next else {
+            return false;
+        };
+        // Re-arming costs a timer-wheel update; an earlier alarm simply fires and re-arms.
+        if self.armed.is_none_or(|a| next < a) {
+            self.timer.as_mut().reset(next);
+            self.armed = Some(next);
+        }
+        if self.timer.as_mut().poll(cx).is_ready() {
+            self.armed = None;
+            return true;
+        }
+        false
+    }
+}
+
+async fn open_channel(shared: Arc<Shared>, deadline: Instant) -> Result<(Arc<Conn>, Channel)> {
+    let conn = shared
+        .connector
+        .get(deadline.saturating_duration_since(Instant::now()))
+        .await?;
+    let channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(Error::amqp)?;
+    Ok((conn, channel))
+}
