@@ -446,7 +446,7 @@ async fn memory_alarm_blocks_with_a_bounded_window_and_times_out_blocked() {
             o if o.is_confirmed() => confirmed += 1,
             _ => {}
         }
-        results.push(o.label());
+        results.push(o.to_string());
     }
     assert!(
         blocked_timeouts >= 1,

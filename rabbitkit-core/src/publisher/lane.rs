@@ -152,6 +152,9 @@ struct Lane {
     old: Vec<Open>,
     /// Epoch of the current (or next) channel; a new channel is a new epoch.
     epoch: u64,
+    /// The connection the last channel was opened on: whether it is blocked tells a
+    /// channel open that ran out of time because of a resource alarm.
+    last_conn: Option<Arc<Conn>>,
     /// A publish on the current channel timed out: write nothing more on it, drop it once
     /// every other publish on it is reported.
     tainted: bool,
@@ -179,6 +182,7 @@ pub(super) async fn run(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Job>) {
         chan: Chan::None,
         old: Vec::new(),
         epoch: 0,
+        last_conn: None,
         tainted: false,
         writing: None,
         next_seq: 0,
@@ -431,6 +435,7 @@ impl Lane {
         self.chan = Chan::None;
         match result {
             Ok(Ok((conn, channel))) => {
+                self.last_conn = Some(conn.clone());
                 self.chan = Chan::Open(Open {
                     conn,
                     channel: Arc::new(channel),
@@ -440,7 +445,13 @@ impl Lane {
             // The attempt was bounded by the first waiting publish's deadline: that one
             // gets the verdict, the others get an attempt of their own.
             Ok(Err(e)) => self.fail_front(PublishOutcome::Failed(e)),
-            Err(_) => self.fail_front(PublishOutcome::TimedOut { blocked: false }),
+            Err(_) => {
+                let blocked = self
+                    .last_conn
+                    .as_ref()
+                    .is_some_and(|c| c.is_usable() && c.is_blocked());
+                self.fail_front(PublishOutcome::TimedOut { blocked });
+            }
         }
         true
     }
