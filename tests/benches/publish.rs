@@ -6,16 +6,17 @@
 //! - `raw lapin pipelined`: one confirm channel, a bounded window of outstanding
 //!   `PublisherConfirm`s (the same size as the publisher's window);
 //! - `rabbitkit publish_many`: `Publisher::publish_many` (window kept full);
-//! - `raw lapin 64 ch x 1 in flight`: the publisher's design (a pool of confirm channels,
-//!   one publish in flight on each) written directly on lapin, to separate the cost of
-//!   the design from the cost of the library around it;
+//! - `raw lapin W ch x 1 in flight`: a pool of W confirm channels with one publish in
+//!   flight on each (the publisher's design before lanes), written directly on lapin, for
+//!   contrast;
 //! - `rabbitkit send+pending`: `Publisher::send` in a loop, `PendingConfirm`s awaited
 //!   concurrently;
 //! - publish-and-wait (one at a time) for both, with fewer messages.
 //!
 //! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID` (optional:
 //! also report the broker's CPU), `BENCH_ROUNDS` (5), `BENCH_MESSAGES`
-//! (20000), `BENCH_WAIT_MESSAGES` (2000), `BENCH_WAIT_ROUNDS` (3), `BENCH_WINDOW` (64).
+//! (20000), `BENCH_WAIT_MESSAGES` (2000), `BENCH_WAIT_ROUNDS` (3), `BENCH_WINDOW` (the
+//! publisher's default window), `BENCH_CHANNELS` (the publisher's default channel count).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -198,6 +199,7 @@ async fn main() {
     let wait_n = common::env_usize("BENCH_WAIT_MESSAGES", 2_000);
     let wait_rounds = common::env_usize("BENCH_WAIT_ROUNDS", 3);
     let window = common::env_usize("BENCH_WINDOW", PublisherConfig::default().max_in_flight);
+    let channels = common::env_usize("BENCH_CHANNELS", PublisherConfig::default().channels);
     let rss_start = common::rss_mib();
     let started = Instant::now();
 
@@ -210,6 +212,7 @@ async fn main() {
         ConnectionConfig::new(url.clone()),
         PublisherConfig {
             max_in_flight: window,
+            channels,
             ..Default::default()
         },
     )
@@ -231,7 +234,7 @@ async fn main() {
     };
     println!(
         "publish bench: broker {}, queue {queue}, {rounds} rounds x {n} msgs (pipelined), \
-         {wait_rounds} x {wait_n} (publish-and-wait), {} B persistent mandatory bodies, window {window}",
+         {wait_rounds} x {wait_n} (publish-and-wait), {} B persistent mandatory bodies, window {window}, publisher channels {channels}",
         rabbitkit_core::connection::redact(&url),
         common::BODY_SIZE
     );

@@ -40,7 +40,8 @@ use crate::error::{Error, Result};
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PublisherConfig {
     /// Unconfirmed publishes allowed at once, over all channels. When all are in flight,
-    /// `publish` waits: backpressure reaches the caller, memory stays bounded.
+    /// `publish` waits: backpressure reaches the caller, memory stays bounded (at most this
+    /// many envelopes, each at most `max_body`, are held).
     #[serde(default = "default_window")]
     pub max_in_flight: usize,
     /// Confirm channels the publishes are spread over, round-robin. Each is written by one
@@ -57,7 +58,7 @@ pub struct PublisherConfig {
 }
 
 fn default_window() -> usize {
-    64
+    256
 }
 fn default_channels() -> usize {
     1
