@@ -29,13 +29,13 @@ pub struct ConnectionConfig {
     pub max_backoff: Duration,
 }
 
-fn default_heartbeat() -> Duration {
+pub(crate) fn default_heartbeat() -> Duration {
     Duration::from_secs(10)
 }
-fn default_connect_timeout() -> Duration {
+pub(crate) fn default_connect_timeout() -> Duration {
     Duration::from_secs(10)
 }
-fn default_max_backoff() -> Duration {
+pub(crate) fn default_max_backoff() -> Duration {
     Duration::from_secs(5)
 }
 

@@ -62,6 +62,27 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A worker config file is invalid: which key, where, and why. The message never holds
+    /// a password from the file.
+    #[error("invalid config key `{key}` at line {line}, column {column}: {message}")]
+    ConfigFile {
+        /// The key's path, e.g. `subscribers[1].prefetch`.
+        key: String,
+        /// 1-based line of the offending key or value.
+        line: usize,
+        /// 1-based column of the offending key or value.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A worker config names a handler that was not registered.
+    #[error("no handler named {name:?} is registered (registered: {})", registered.join(", "))]
+    UnknownHandler {
+        /// The name the config asked for.
+        name: String,
+        /// The names that are registered, sorted.
+        registered: Vec<String>,
+    },
     /// The connection to the broker could not be opened or was lost.
     #[error("broker connection failed: {0}")]
     Connection(#[source] BoxError),

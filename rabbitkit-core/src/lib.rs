@@ -1,6 +1,7 @@
 //! Runtime and stable traits of rabbitkit. Users depend on the `rabbitkit` facade crate.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod config;
 pub mod connection;
 pub mod decide;
 pub mod delivery;

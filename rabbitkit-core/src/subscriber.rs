@@ -235,6 +235,25 @@ impl Subscriber {
         t.validate()
     }
 
+    /// A copy for another queue (the registry hands one template to several entries).
+    pub(crate) fn duplicate(&self) -> Subscriber {
+        Subscriber {
+            name: self.name.clone(),
+            topology: self.topology.clone(),
+            mode: self.mode,
+            retry: self.retry.clone(),
+            policy: self.policy,
+            fallback: self.fallback,
+            classifier: self.classifier.clone(),
+            prefetch: self.prefetch,
+            concurrency: self.concurrency,
+            concurrency_set: self.concurrency_set,
+            deadline: self.deadline,
+            service: self.service.clone(),
+            extensions: self.extensions.clone(),
+        }
+    }
+
     pub(crate) fn settle_spec(&self) -> SettleSpec {
         SettleSpec {
             queue: self.topology.queue.as_str().into(),

@@ -18,6 +18,10 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, ExchangeKind};
 use serde::Deserialize;
 
+mod check;
+
+pub use check::{TopologyProblem, TopologyReport};
+
 use crate::error::{Error, Result};
 use crate::headers;
 use crate::names;

@@ -51,7 +51,7 @@ pub use rabbitkit_core::{
     SubscriberStats, Topology, TopologyMode, Worker, WorkerHandle, WorkerReport,
 };
 pub use rabbitkit_core::{
-    amqp, decide, extract, handler, headers, idempotency, parking, retry, topology,
+    amqp, config, decide, extract, handler, headers, idempotency, parking, retry, topology, worker,
 };
 
 /// Broker-free tests of handlers and subscribers: build a delivery, run it, assert on the

@@ -1,7 +1,10 @@
 //! The worker: connections, consumers, the per-delivery pipeline, shutdown.
 
+mod check;
 mod consume;
 mod process;
+
+pub use crate::config::{check, from_config};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -38,10 +41,10 @@ use crate::subscriber::{IntoSubscriber, Subscriber};
 #[must_use]
 #[derive(Debug)]
 pub struct Worker {
-    connection: ConnectionConfig,
-    publisher: PublisherConfig,
-    subscribers: Vec<Subscriber>,
-    shutdown_deadline: Duration,
+    pub(crate) connection: ConnectionConfig,
+    pub(crate) publisher: PublisherConfig,
+    pub(crate) subscribers: Vec<Subscriber>,
+    pub(crate) shutdown_deadline: Duration,
     extensions: Extensions,
 }
 

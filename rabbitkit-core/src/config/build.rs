@@ -1,0 +1,81 @@
+//! From a parsed config and a registry to a [`Worker`], and the `--check` behind it.
+
+use crate::error::{Error, Result};
+use crate::subscriber::Subscriber;
+use crate::topology::TopologyReport;
+use crate::worker::Worker;
+
+use super::{Handlers, SubscriberConfig, WorkerConfig};
+
+/// Builds the worker `config` describes, with the handlers of `handlers`. Nothing connects
+/// yet: add shared state with [`Worker::state`], then `start` or `run_until`.
+///
+/// Fails with [`Error::UnknownHandler`] (naming it and the registered ones) when a
+/// subscriber names a handler that is not registered, and with the subscriber's own
+/// validation error (names, topology, retry tiers) otherwise.
+pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker> {
+    if let Some(name) = handlers.registered_twice() {
+        return Err(Error::Config(format!(
+            "handler {name:?} is registered twice"
+        )));
+    }
+    let mut worker = Worker::new(config.connection.to_connection_config())
+        .publisher_config(config.publisher.clone())
+        .shutdown_deadline(config.shutdown_deadline);
+    for s in &config.subscribers {
+        let template = handlers
+            .get(&s.handler)
+            .ok_or_else(|| Error::UnknownHandler {
+                name: s.handler.clone(),
+                registered: handlers.names().map(str::to_owned).collect(),
+            })?;
+        let sub = apply(s, template.duplicate()).topology_mode(config.topology.mode);
+        sub.validate()?;
+        worker = worker.subscribe(sub);
+    }
+    Ok(worker)
+}
+
+/// Validates `config` against the broker without declaring anything: connects, checks that
+/// every exchange and queue of every subscriber exists with the arguments the worker would
+/// declare, and returns what is missing or differs ([`TopologyReport::is_ok`]).
+pub async fn check(config: &WorkerConfig, handlers: &Handlers) -> Result<TopologyReport> {
+    from_config(config, handlers)?.check_topology().await
+}
+
+/// The keys `s` sets, over what the registered subscriber has.
+fn apply(s: &SubscriberConfig, mut sub: Subscriber) -> Subscriber {
+    sub.topology.queue.clone_from(&s.queue);
+    sub = sub.name(s.display_name());
+    if let Some(t) = s.queue_type {
+        sub = sub.queue_type(t);
+    }
+    if let Some(n) = s.delivery_limit {
+        sub = sub.delivery_limit(n);
+    }
+    if let Some(k) = &s.exchange_kind {
+        sub = sub.exchange_kind(k.clone());
+    }
+    if let Some(b) = &s.bindings {
+        sub.topology.bindings.clone_from(b);
+    }
+    if let Some(n) = s.prefetch {
+        sub = sub.prefetch(n.get());
+    }
+    if let Some(n) = s.concurrency {
+        sub = sub.concurrency(n.get());
+    }
+    if let Some(p) = s.ack {
+        sub = sub.ack_policy(p);
+    }
+    if let Some(f) = s.manual_fallback {
+        sub = sub.manual_fallback(f);
+    }
+    if let Some(d) = s.deadline {
+        sub = sub.deadline(d);
+    }
+    if let Some(r) = &s.retry {
+        sub = sub.retry(r.clone());
+    }
+    sub
+}

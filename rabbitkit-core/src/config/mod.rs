@@ -1,0 +1,138 @@
+//! A worker from a config file: strict TOML, handlers registered by name.
+//!
+//! ```no_run
+//! # use rabbitkit_core::config::{Handlers, WorkerConfig};
+//! # async fn run() -> rabbitkit_core::Result<()> {
+//! async fn greet(body: rabbitkit_core::extract::Body) -> Result<(), std::io::Error> {
+//!     println!("{} bytes", body.0.len());
+//!     Ok(())
+//! }
+//! let config = WorkerConfig::load("worker.toml")?; // RABBITKIT_URL overrides the URL
+//! let handlers = Handlers::new().handler("greet", greet);
+//! rabbitkit_core::worker::from_config(&config, &handlers)?
+//!     .run_until(async { let _ = tokio::signal::ctrl_c().await; })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every key, its default and the test that covers it: `docs/CONFIGURATION.md`, section
+//! "The worker config file". The reference file is `examples/worker.toml`.
+
+mod build;
+mod locate;
+mod registry;
+mod section;
+
+use std::path::Path;
+
+pub use build::{check, from_config};
+pub use registry::Handlers;
+pub use section::{
+    ConnectionSection, LogFormat, LogLevel, Observability, SubscriberConfig, TopologySection,
+    WorkerConfig,
+};
+
+use crate::error::{Error, Result};
+
+/// The environment variable that overrides `connection.url` (keep passwords out of files).
+pub const URL_ENV: &str = "RABBITKIT_URL";
+
+impl WorkerConfig {
+    /// Parses and checks a config document. Errors name the key, its line and column
+    /// ([`Error::ConfigFile`]) and never contain a password from the document.
+    /// Environment overrides are not applied (see [`WorkerConfig::load`]).
+    pub fn from_toml(src: &str) -> Result<Self> {
+        let cfg: WorkerConfig = toml::from_str(src).map_err(|e| toml_error(src, &e))?;
+        cfg.validate()
+            .map_err(|(key, message)| located(src, &key, message))?;
+        Ok(cfg)
+    }
+
+    /// Reads `path`, parses it ([`WorkerConfig::from_toml`]), then applies the process
+    /// environment ([`WorkerConfig::override_from_env`]).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let src = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        let mut cfg = Self::from_toml(&src)?;
+        cfg.override_from_env(|k| std::env::var(k).ok())?;
+        Ok(cfg)
+    }
+
+    /// Applies overrides from an environment (`lookup` is `std::env::var` in
+    /// [`WorkerConfig::load`]): [`URL_ENV`] replaces `connection.url`. The new URL is
+    /// checked like the file's; the error never contains it.
+    pub fn override_from_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(url) = lookup(URL_ENV) {
+            section::check_url(&url).map_err(|reason| Error::InvalidUrl {
+                reason: format!("{URL_ENV}: {reason}"),
+            })?;
+            self.connection.url = url;
+            self.connection
+                .check_tls()
+                .map_err(|reason| Error::InvalidUrl {
+                    reason: format!("{URL_ENV}: {reason}"),
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// A `toml` error as [`Error::ConfigFile`]: the key from the span, the message with any
+/// password of the document removed (`toml`'s own `Display` quotes the source line).
+fn toml_error(src: &str, e: &toml::de::Error) -> Error {
+    let offset = e.span().map_or(0, |s| s.start);
+    let (line, column) = locate::line_col(src, offset);
+    let mut key = locate::path_at(src, offset);
+    // A missing key is reported at its table; a missing top-level one at the whole document.
+    if let Some(field) = e
+        .message()
+        .strip_prefix("missing field `")
+        .and_then(|r| r.split('`').next())
+    {
+        key = if offset == 0 {
+            field.to_owned()
+        } else {
+            format!("{key}.{field}")
+        };
+    }
+    Error::ConfigFile {
+        key,
+        line,
+        column,
+        message: scrub(src, e.message()),
+    }
+}
+
+fn located(src: &str, key: &str, message: String) -> Error {
+    let (line, column) = locate::locate(src, key);
+    Error::ConfigFile {
+        key: key.to_owned(),
+        line,
+        column,
+        message: scrub(src, &message),
+    }
+}
+
+/// Removes every URL password that appears in `src` from `message`.
+fn scrub(src: &str, message: &str) -> String {
+    let mut out = message.to_owned();
+    for (i, _) in src.match_indices("://") {
+        let rest = &src[i + 3..];
+        let end = rest
+            .find(|c: char| c == '"' || c == '\'' || c.is_whitespace())
+            .unwrap_or(rest.len());
+        let Some(userinfo) = rest[..end].rsplit_once('@').map(|(u, _)| u) else {
+            continue;
+        };
+        if let Some((_, password)) = userinfo.split_once(':')
+            && !password.is_empty()
+        {
+            out = out.replace(password, "***");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

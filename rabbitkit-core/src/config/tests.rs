@@ -1,0 +1,398 @@
+use std::time::Duration;
+
+use super::*;
+use crate::extract::Body;
+use crate::policy::{AckPolicy, ManualFallback};
+use crate::subscriber::Subscriber;
+use crate::topology::{Binding, QueueType, TopologyMode};
+use crate::worker::{Worker, from_config};
+use crate::{Error, RetryPolicy};
+
+const REFERENCE: &str = include_str!("../../../examples/worker.toml");
+
+async fn ok(_: Body) -> Result<(), std::io::Error> {
+    Ok(())
+}
+
+fn handlers() -> Handlers {
+    Handlers::new()
+        .handler("greet", ok)
+        .handler("flaky", ok)
+        .handler("orders", ok)
+}
+
+fn parse(src: &str) -> WorkerConfig {
+    WorkerConfig::from_toml(src).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn build(src: &str) -> Worker {
+    from_config(&parse(src), &handlers()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The error of parsing `src`, as (key, line, column, message).
+fn file_error(src: &str) -> (String, usize, usize, String) {
+    match WorkerConfig::from_toml(src) {
+        Err(Error::ConfigFile {
+            key,
+            line,
+            column,
+            message,
+        }) => (key, line, column, message),
+        other => panic!("expected a ConfigFile error, got {other:?}"),
+    }
+}
+
+const MINIMAL: &str = r#"
+[connection]
+url = "amqp://app:s3cret@rabbit:5672/%2f"
+
+[[subscribers]]
+handler = "greet"
+queue = "greetings"
+"#;
+
+#[test]
+fn reference_file_parses_with_every_key() {
+    let cfg = parse(REFERENCE);
+    assert_eq!(cfg.subscribers.len(), 3);
+    let w = from_config(&cfg, &handlers()).unwrap_or_else(|e| panic!("{e}"));
+    let flaky = &w.subscribers[1];
+    assert_eq!(flaky.handler_name(), "flaky-jobs");
+    assert_eq!(flaky.topology.queue_type, QueueType::Quorum);
+    assert_eq!(
+        flaky.retry.tiers,
+        [Duration::from_millis(200), Duration::from_secs(1)]
+    );
+}
+
+#[test]
+fn defaults_are_the_builders() {
+    let cfg = parse(MINIMAL);
+    assert_eq!(cfg.shutdown_deadline, Duration::from_secs(30));
+    assert_eq!(cfg.publisher, crate::PublisherConfig::default());
+    assert_eq!(cfg.observability, Observability::default());
+    assert_eq!(
+        cfg.connection.to_connection_config(),
+        crate::ConnectionConfig::new("amqp://app:s3cret@rabbit:5672/%2f")
+    );
+    let w = build(MINIMAL);
+    let s = &w.subscribers[0];
+    let plain = Subscriber::new("greetings", ok);
+    assert_eq!(
+        s.handler_name(),
+        "greetings",
+        "the name defaults to the queue"
+    );
+    assert_eq!(s.topology, plain.topology);
+    assert_eq!(s.retry, plain.retry);
+    assert_eq!(
+        (s.prefetch, s.concurrency),
+        (plain.prefetch, plain.concurrency)
+    );
+    assert_eq!(
+        (s.policy, s.fallback, s.mode),
+        (plain.policy, plain.fallback, plain.mode)
+    );
+    assert_eq!(s.deadline, None);
+}
+
+/// Every key with a value that is not its default, and the place it must reach.
+#[test]
+fn every_key_reaches_the_worker() {
+    let src = r#"
+shutdown-deadline = "7s"
+[connection]
+url = "amqp://app:s3cret@rabbit:5672/orders"
+heartbeat = "3s"
+connect-timeout = "4s"
+max-backoff = "9s"
+tls = false
+[publisher]
+max-in-flight = 7
+channels = 2
+confirm-timeout = "11s"
+max-body = 1000
+[topology]
+mode = "validate"
+[observability]
+log-level = "debug"
+log-format = "compact"
+[[subscribers]]
+handler = "flaky"
+name = "jobs-v2"
+queue = "jobs"
+queue-type = "quorum"
+delivery-limit = 9
+exchange-kind = "direct"
+bindings = [{ exchange = "work", routing-key = "job" }]
+prefetch = 12
+concurrency = 3
+ack = "manual"
+manual-fallback = "reject"
+deadline = "2s"
+[subscribers.retry]
+tiers = ["2s", "1m"]
+max-attempts = 8
+immediate-retries = 2
+immediate-backoff = "10ms"
+jitter = true
+"#;
+    let cfg = parse(src);
+    assert_eq!(cfg.observability.log_level, LogLevel::Debug);
+    assert_eq!(cfg.observability.log_format, LogFormat::Compact);
+    assert_eq!(
+        cfg.observability.log_level.as_tracing(),
+        tracing::Level::DEBUG
+    );
+    let w = from_config(&cfg, &handlers()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(w.shutdown_deadline, Duration::from_secs(7));
+    let c = &w.connection;
+    assert_eq!(c.url, "amqp://app:s3cret@rabbit:5672/orders");
+    assert_eq!(c.heartbeat, Duration::from_secs(3));
+    assert_eq!(c.connect_timeout, Duration::from_secs(4));
+    assert_eq!(c.max_backoff, Duration::from_secs(9));
+    let p = &w.publisher;
+    assert_eq!((p.max_in_flight, p.channels, p.max_body), (7, 2, 1000));
+    assert_eq!(p.confirm_timeout, Duration::from_secs(11));
+    let s = &w.subscribers[0];
+    assert_eq!(s.handler_name(), "jobs-v2");
+    assert_eq!(s.queue(), "jobs");
+    assert_eq!(s.mode, TopologyMode::Validate);
+    assert_eq!(s.topology.queue_type, QueueType::Quorum);
+    assert_eq!(s.topology.delivery_limit, 9);
+    assert_eq!(s.topology.exchange_kind, "direct");
+    assert_eq!(
+        s.topology.bindings,
+        [Binding {
+            exchange: "work".into(),
+            routing_key: "job".into()
+        }]
+    );
+    assert_eq!((s.prefetch, s.concurrency), (12, 3));
+    assert_eq!(s.policy, AckPolicy::Manual);
+    assert_eq!(s.fallback, ManualFallback::Reject);
+    assert_eq!(s.deadline, Some(Duration::from_secs(2)));
+    assert_eq!(
+        s.retry,
+        RetryPolicy {
+            tiers: vec![Duration::from_secs(2), Duration::from_secs(60)],
+            max_attempts: 8,
+            immediate_retries: 2,
+            immediate_backoff: Duration::from_millis(10),
+            jitter: true,
+        }
+    );
+}
+
+#[test]
+fn keys_left_out_keep_the_registered_subscribers_settings() {
+    let registered = Subscriber::new("ignored", ok)
+        .retry(RetryPolicy::none())
+        .prefetch(7)
+        .bind("shop", "order.*");
+    let h = Handlers::new().subscriber("greet", registered);
+    let w = from_config(&parse(MINIMAL), &h).unwrap_or_else(|e| panic!("{e}"));
+    let s = &w.subscribers[0];
+    assert_eq!(s.queue(), "greetings", "the queue is the config's");
+    assert_eq!(s.retry, RetryPolicy::none());
+    assert_eq!(s.prefetch, 7);
+    assert_eq!(s.topology.bindings.len(), 1);
+    let cfg = parse(&format!("{MINIMAL}prefetch = 3\nbindings = []\n"));
+    let w = from_config(&cfg, &h).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(w.subscribers[0].prefetch, 3);
+    assert!(w.subscribers[0].topology.bindings.is_empty());
+}
+
+#[test]
+fn unknown_key_names_the_key_its_line_and_column() {
+    let src = MINIMAL.replace(
+        "queue = \"greetings\"",
+        "queue = \"greetings\"\n  prefetc = 5",
+    );
+    let (key, line, column, message) = file_error(&src);
+    assert_eq!(key, "subscribers[0].prefetc");
+    assert_eq!((line, column), (8, 3));
+    assert!(message.contains("unknown field `prefetc`"), "{message}");
+
+    let src = MINIMAL.replace("url =", "password = \"x\"\nurl =");
+    let (key, line, column, _) = file_error(&src);
+    assert_eq!((key.as_str(), line, column), ("connection.password", 3, 1));
+
+    let src = format!("{MINIMAL}bindings = [{{ exchange = \"x\", routing = \"k\" }}]\n");
+    let (key, line, ..) = file_error(&src);
+    assert_eq!((key.as_str(), line), ("subscribers[0].bindings.routing", 8));
+}
+
+#[test]
+fn bad_durations_and_zero_prefetch_are_located() {
+    let (key, line, column, message) = file_error(&format!("{MINIMAL}deadline = \"soon\"\n"));
+    assert_eq!(
+        (key.as_str(), line, column),
+        ("subscribers[0].deadline", 8, 12)
+    );
+    assert!(
+        message.contains("soon") || message.contains("duration"),
+        "{message}"
+    );
+
+    let (key, _, _, message) = file_error(&format!("{MINIMAL}prefetch = 0\n"));
+    assert_eq!(key, "subscribers[0].prefetch");
+    assert!(message.contains("nonzero"), "{message}");
+    let (key, ..) = file_error(&format!("{MINIMAL}concurrency = 0\n"));
+    assert_eq!(key, "subscribers[0].concurrency");
+    let (key, ..) = file_error(&format!("{MINIMAL}prefetch = 70000\n"));
+    assert_eq!(key, "subscribers[0].prefetch");
+
+    let (key, line, ..) = file_error(&format!(
+        "{MINIMAL}[subscribers.retry]\ntiers = [\"1s\",\n  \"later\"]\n"
+    ));
+    assert_eq!((key.as_str(), line), ("subscribers[0].retry.tiers", 9));
+    let (key, line, ..) = file_error(&format!(
+        "{MINIMAL}[subscribers.retry]\ntiers = [\"1s\"]\nmax-attempts = 0\n"
+    ));
+    assert_eq!(
+        (key.as_str(), line),
+        ("subscribers[0].retry.max-attempts", 10)
+    );
+    let (key, ..) = file_error(&format!("{MINIMAL}[subscribers.retry]\ntiers = [\"0s\"]\n"));
+    assert_eq!(key, "subscribers[0].retry.tiers");
+    let (key, ..) = file_error(&MINIMAL.replace("[[sub", "[publisher]\nchannels = 0\n[[sub"));
+    assert_eq!(key, "publisher.channels");
+    let (key, ..) = file_error(&MINIMAL.replace("[[sub", "[publisher]\nmax-in-flight = 0\n[[sub"));
+    assert_eq!(key, "publisher.max-in-flight");
+    let (key, ..) = file_error(&format!("{MINIMAL}ack = \"sometimes\"\n"));
+    assert_eq!(key, "subscribers[0].ack");
+}
+
+#[test]
+fn bad_url_is_typed_and_never_shows_the_password() {
+    let src = MINIMAL.replace(
+        "amqp://app:s3cret@rabbit:5672/%2f",
+        "http://app:s3cret@rabbit/x",
+    );
+    let err = WorkerConfig::from_toml(&src).err().map(|e| e.to_string());
+    let err = err.unwrap_or_default();
+    assert!(
+        err.contains("connection.url") && err.contains("line 3"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    // A password shown by a type error elsewhere is scrubbed too.
+    let src = format!("{MINIMAL}prefetch = \"amqp://app:s3cret@h\"\n");
+    let (_, _, _, message) = file_error(&src);
+    assert!(!message.contains("s3cret"), "{message}");
+    let debug = format!("{:?}", parse(MINIMAL).connection);
+    assert!(
+        !debug.contains("s3cret") && debug.contains("app:***@"),
+        "{debug}"
+    );
+}
+
+#[test]
+fn tls_must_agree_with_the_url_and_the_feature() {
+    let (key, ..) = file_error(&MINIMAL.replace("%2f\"", "%2f\"\ntls = true"));
+    assert_eq!(key, "connection.tls");
+    let src = MINIMAL.replace("amqp://", "amqps://");
+    let (key, _, _, message) = file_error(&src);
+    assert_eq!(key, "connection.tls");
+    assert!(message.contains("tls = true"), "{message}");
+    let src = MINIMAL
+        .replace("amqp://", "amqps://")
+        .replace("%2f\"", "%2f\"\ntls = true");
+    let r = WorkerConfig::from_toml(&src);
+    if cfg!(feature = "tls") {
+        assert!(r.is_ok(), "{r:?}");
+    } else {
+        let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("`tls` cargo feature"), "{msg}");
+    }
+}
+
+#[test]
+fn rabbitkit_url_overrides_the_file_and_is_checked() {
+    let mut cfg = parse(MINIMAL);
+    let env = |url: &'static str| move |k: &str| (k == URL_ENV).then(|| url.to_owned());
+    cfg.override_from_env(env("amqp://u:pw@other:5673/v"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.connection.url, "amqp://u:pw@other:5673/v");
+    let w = from_config(&cfg, &handlers()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(w.connection.url, "amqp://u:pw@other:5673/v");
+    cfg.override_from_env(|_| None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        cfg.connection.url, "amqp://u:pw@other:5673/v",
+        "no variable, no change"
+    );
+
+    let err = cfg.override_from_env(env("ftp://u:hunter2@h")).err();
+    let Some(Error::InvalidUrl { reason }) = err else {
+        panic!("expected InvalidUrl, got {err:?}");
+    };
+    assert!(
+        reason.contains(URL_ENV) && !reason.contains("hunter2"),
+        "{reason}"
+    );
+    let err = cfg.override_from_env(env("amqps://u:hunter2@h/v")).err();
+    let reason = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        reason.contains("tls") && !reason.contains("hunter2"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn unknown_handler_names_it_and_the_registered_ones() {
+    let cfg = parse(&MINIMAL.replace("\"greet\"", "\"gret\""));
+    match from_config(&cfg, &handlers()) {
+        Err(Error::UnknownHandler { name, registered }) => {
+            assert_eq!(name, "gret");
+            assert_eq!(registered, ["flaky", "greet", "orders"]);
+        }
+        other => panic!("expected UnknownHandler, got {other:?}"),
+    }
+    let msg = from_config(&cfg, &handlers()).err().map(|e| e.to_string());
+    assert_eq!(
+        msg.as_deref(),
+        Some(r#"no handler named "gret" is registered (registered: flaky, greet, orders)"#)
+    );
+}
+
+#[test]
+fn duplicate_names_missing_subscribers_and_bad_queues_are_refused() {
+    let (key, line, ..) = file_error(&format!(
+        "{MINIMAL}{}",
+        &MINIMAL[MINIMAL.find("[[").unwrap_or(0)..]
+    ));
+    assert_eq!((key.as_str(), line), ("subscribers[1].queue", 10));
+    let (key, ..) = file_error("subscribers = []\n[connection]\nurl = \"amqp://h/v\"\n");
+    assert_eq!(key, "subscribers");
+    let (key, ..) = file_error("[connection]\nurl = \"amqp://h/v\"\n");
+    assert_eq!(key, "subscribers");
+    let (key, ..) = file_error(&MINIMAL.replace("queue = \"greetings\"", ""));
+    assert_eq!(key, "subscribers[0].queue");
+    let cfg = parse(&MINIMAL.replace("\"greetings\"", "\"\""));
+    assert!(matches!(
+        from_config(&cfg, &handlers()),
+        Err(Error::InvalidName { .. })
+    ));
+    let twice = Handlers::new().handler("greet", ok).handler("greet", ok);
+    let msg = from_config(&parse(MINIMAL), &twice)
+        .err()
+        .map(|e| e.to_string());
+    assert!(msg.unwrap_or_default().contains("registered twice"));
+}
+
+#[test]
+fn one_handler_serves_several_queues() {
+    let src = format!(
+        "{MINIMAL}\n[[subscribers]]\nhandler = \"greet\"\nqueue = \"welcomes\"\nprefetch = 2\n"
+    );
+    let w = build(&src);
+    let names: Vec<_> = w.subscribers.iter().map(|s| s.handler_name()).collect();
+    assert_eq!(names, ["greetings", "welcomes"]);
+    assert_eq!(w.subscribers[1].prefetch, 2);
+    assert_eq!(
+        w.subscribers[0].prefetch,
+        crate::subscriber::DEFAULT_PREFETCH
+    );
+}
