@@ -156,7 +156,7 @@ async fn probe(conn: &Connection, e: &Expect) -> Result<Option<String>> {
         }
     };
     if let Err(err) = declare(true).await {
-        let text = err.to_string();
+        let text = broker_words(&err);
         let verdict = if text.contains("NOT_FOUND") {
             "missing"
         } else {
@@ -171,10 +171,54 @@ async fn probe(conn: &Connection, e: &Expect) -> Result<Option<String>> {
     // unless someone deletes it in between.
     let issue = match declare(false).await {
         Ok(()) => None,
-        Err(err) => Some(format!("differs: {err}")),
+        // The broker names only the first argument that differs: say what was expected.
+        Err(err) => Some(format!(
+            "differs from the expected {}: {}",
+            expected(e),
+            broker_words(&err)
+        )),
     };
     if ch.status().connected() {
         let _ = ch.close(200, "topology checked".into()).await;
     }
     Ok(issue)
+}
+
+/// The broker's reply text (`NOT_FOUND - no queue 'x' in vhost 'v'`) when there is one.
+fn broker_words(err: &lapin::Error) -> String {
+    let text = err.to_string();
+    [
+        "NOT_FOUND - ",
+        "PRECONDITION_FAILED - ",
+        "ACCESS_REFUSED - ",
+    ]
+    .iter()
+    .find_map(|p| text.find(p).map(|i| text[i..].to_owned()))
+    .unwrap_or(text)
+}
+
+/// `durable queue with x-queue-type = "quorum", x-delivery-limit = 20`.
+fn expected(e: &Expect) -> String {
+    match e {
+        Expect::Exchange(_, kind) => format!("durable {kind:?} exchange").to_lowercase(),
+        Expect::Queue(_, args) if args.inner().is_empty() => "durable queue, no arguments".into(),
+        Expect::Queue(_, args) => {
+            let mut pairs: Vec<String> = args
+                .inner()
+                .iter()
+                .map(|(k, v)| match crate::headers::string(v) {
+                    Some(s) => format!("{k} = {s:?}"),
+                    None => match v {
+                        lapin::types::AMQPValue::LongInt(n) => format!("{k} = {n}"),
+                        other => format!("{k} = {other:?}"),
+                    },
+                })
+                .collect();
+            pairs.sort();
+            if !args.inner().contains_key("x-queue-type") {
+                pairs.insert(0, "classic type".into());
+            }
+            format!("durable queue with {}", pairs.join(", "))
+        }
+    }
 }
