@@ -14,7 +14,9 @@
 //! - undecodable payloads are parked at once, never requeued in a loop;
 //! - manual ack mode for handlers that commit to a database first;
 //! - an [`idempotency`] layer that acks already-processed redeliveries, and (feature
-//!   `test-util`) a broker-free `testing` kit whose decisions are the runtime's own.
+//!   `test-util`) a broker-free `testing` kit whose decisions are the runtime's own;
+//! - a worker from a strict TOML file, handlers registered by name ([`config`],
+//!   [`worker::from_config`]), with a passive topology check for `--check`.
 //!
 //! ```no_run
 //! use rabbitkit::prelude::*;
