@@ -12,8 +12,8 @@ use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
 
-/// How to reach the broker.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// How to reach the broker. `Debug` shows the URL with its password replaced by `***`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ConnectionConfig {
     /// `amqp://user:pass@host:port/vhost` (`amqps://` with the `tls` feature).
@@ -27,6 +27,17 @@ pub struct ConnectionConfig {
     /// Longest pause between reconnect attempts (backoff doubles from 100 ms up to this).
     #[serde(with = "humantime_serde", default = "default_max_backoff")]
     pub max_backoff: Duration,
+}
+
+impl std::fmt::Debug for ConnectionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionConfig")
+            .field("url", &self.redacted_url())
+            .field("heartbeat", &self.heartbeat)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_backoff", &self.max_backoff)
+            .finish()
+    }
 }
 
 pub(crate) fn default_heartbeat() -> Duration {
@@ -257,6 +268,11 @@ mod tests {
             "amqp://app:***@host:5672/%2f"
         );
         assert_eq!(redact("amqp://host/vh"), "amqp://host/vh");
+        let debug = format!("{:?}", ConnectionConfig::new("amqp://app:s3cret@host/vh"));
+        assert!(
+            debug.contains("app:***@host") && !debug.contains("s3cret"),
+            "{debug}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! let config = WorkerConfig::load("worker.toml")?; // RABBITKIT_URL overrides the URL
 //! let handlers = Handlers::new().handler("greet", greet);
 //! rabbitkit_core::worker::from_config(&config, &handlers)?
-//!     .run_until(async { let _ = tokio::signal::ctrl_c().await; })
+//!     .run_until(tokio::time::sleep(std::time::Duration::from_secs(60)))
 //!     .await?;
 //! # Ok(()) }
 //! ```
