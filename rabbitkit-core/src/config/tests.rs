@@ -396,3 +396,21 @@ fn one_handler_serves_several_queues() {
         crate::subscriber::DEFAULT_PREFETCH
     );
 }
+
+#[test]
+fn load_reads_the_file_then_the_environment() {
+    let path = std::env::temp_dir().join(format!("rabbitkit-load-{}.toml", std::process::id()));
+    std::fs::write(&path, MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+    let cfg = WorkerConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_file(&path);
+    // The test environment may set RABBITKIT_URL; either way it wins over the file.
+    let want =
+        std::env::var(URL_ENV).unwrap_or_else(|_| "amqp://app:s3cret@rabbit:5672/%2f".into());
+    assert_eq!(cfg.connection.url, want);
+    assert_eq!(cfg.subscribers[0].queue, "greetings");
+    let err = WorkerConfig::load(&path).err().map(|e| e.to_string());
+    assert!(
+        err.unwrap_or_default().contains("cannot read"),
+        "a missing file is named"
+    );
+}
