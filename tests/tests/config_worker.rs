@@ -5,10 +5,13 @@
 use std::time::Duration;
 
 use lapin::BasicProperties;
+use lapin::ExchangeKind;
+use lapin::options::ExchangeDeclareOptions;
+use lapin::types::FieldTable;
 use rabbitkit_core::config::{self, Handlers, WorkerConfig};
-use rabbitkit_core::extract::{Body, Json};
+use rabbitkit_core::extract::Json;
 use rabbitkit_core::headers::Attempt;
-use rabbitkit_core::{BoxError, Error, worker};
+use rabbitkit_core::{BoxError, Delivery, Error, Failure, Outcome, worker};
 use rabbitkit_tests::{Broker, Vhost, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -17,10 +20,6 @@ const WAIT: Duration = Duration::from_secs(30);
 struct Order {
     #[allow(dead_code)]
     id: u64,
-}
-
-async fn greet(Body(_): Body) -> Result<(), BoxError> {
-    Ok(())
 }
 
 /// Fails its first two attempts.
@@ -37,8 +36,16 @@ async fn orders(Json(_): Json<Order>) -> Result<(), BoxError> {
 }
 
 fn handlers() -> Handlers {
+    // One of each kind of registration: a tower service and async fns.
+    let greet = tower::service_fn(|d: Delivery| async move {
+        Ok::<_, BoxError>(if d.body().is_empty() {
+            Outcome::park(Failure::decode("empty greeting"))
+        } else {
+            Outcome::Ack
+        })
+    });
     Handlers::new()
-        .handler("greet", greet)
+        .service("greet", greet)
         .handler("flaky", flaky)
         .handler("orders", orders)
 }
@@ -105,6 +112,7 @@ async fn worker_from_toml_acks_retries_and_parks() {
         vh.publish_raw("cfg", "greeting.new", format!("hi {i}").as_bytes(), json())
             .await;
     }
+    vh.publish_raw("cfg", "greeting.new", b"", json()).await;
     for _ in 0..2 {
         vh.publish_raw("", "cfg.jobs", b"job", json()).await;
     }
@@ -118,7 +126,7 @@ async fn worker_from_toml_acks_retries_and_parks() {
             w.stats("jobs").unwrap(),
             w.stats("cfg.orders").unwrap(),
         );
-        g.acked == 3 && j.acked == 6 && o.acked == 2 && o.parked == 1
+        g.acked == 4 && g.parked == 1 && j.acked == 6 && o.acked == 2 && o.parked == 1
     })
     .await;
     let jobs = w.stats("jobs").unwrap();
@@ -133,7 +141,12 @@ async fn worker_from_toml_acks_retries_and_parks() {
         (0, 1),
         "poison parks at once"
     );
-    assert_eq!(w.stats("cfg.greetings").unwrap().retried, 0);
+    let greetings = w.stats("cfg.greetings").unwrap();
+    assert_eq!(
+        (greetings.retried, greetings.parked),
+        (0, 1),
+        "the service parked the empty greeting"
+    );
     let report = w.shutdown().await;
     assert_eq!(report.subscribers.len(), 3);
     for q in [
@@ -238,6 +251,39 @@ async fn check_reports_a_queue_of_the_other_type() {
         );
         assert!(p.issue.contains("PRECONDITION_FAILED"), "{text}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_an_exchange_of_another_kind() {
+    let vh = Broker::from_env().vhost("cfg-check-kind");
+    let c = vh.connect().await;
+    let ch = c.create_channel().await.unwrap();
+    ch.exchange_declare(
+        "cfg".into(),
+        ExchangeKind::Fanout,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let _ = c.close(200, "".into()).await;
+    let report = config::check(&config(&vh, "classic", "declare"), &handlers())
+        .await
+        .unwrap();
+    let text = report.to_string();
+    let kind: Vec<_> = report
+        .problems
+        .iter()
+        .filter(|p| p.object == r#"exchange "cfg""#)
+        .collect();
+    assert_eq!(kind.len(), 2, "greetings and orders bind to it: {text}");
+    assert!(
+        kind[0].issue.contains("topic exchange") && kind[0].issue.contains("PRECONDITION_FAILED"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
