@@ -64,15 +64,14 @@ impl WorkerConfig {
     /// checked like the file's; the error never contains it.
     pub fn override_from_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
         if let Some(url) = lookup(URL_ENV) {
-            section::check_url(&url).map_err(|reason| Error::InvalidUrl {
-                reason: format!("{URL_ENV}: {reason}"),
-            })?;
-            self.connection.url = url;
-            self.connection
-                .check_tls()
+            let mut connection = self.connection.clone();
+            connection.url = url;
+            section::check_url(&connection.url)
+                .and_then(|()| connection.check_tls())
                 .map_err(|reason| Error::InvalidUrl {
                     reason: format!("{URL_ENV}: {reason}"),
                 })?;
+            self.connection = connection;
         }
         Ok(())
     }

@@ -338,6 +338,10 @@ fn rabbitkit_url_overrides_the_file_and_is_checked() {
         reason.contains("tls") && !reason.contains("hunter2"),
         "{reason}"
     );
+    assert_eq!(
+        cfg.connection.url, "amqp://u:pw@other:5673/v",
+        "a refused URL changes nothing"
+    );
 }
 
 #[test]
