@@ -348,6 +348,8 @@ mod tests {
             .build()
     }
 
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
     fn h<'a>(e: &'a Envelope, name: &str) -> Option<&'a AMQPValue> {
         e.basic_properties().headers().as_ref()?.inner().get(name)
     }
@@ -394,6 +396,7 @@ mod tests {
         let retried = Delivery::builder("orders", "{}")
             .route("shop", "order.created")
             .header(headers::RETRY_TIER, AMQPValue::LongString("5s".into()))
+            .header("traceparent", AMQPValue::LongString(TRACEPARENT.into()))
             .attempt(3)
             .build();
         let d = decide(
@@ -405,6 +408,11 @@ mod tests {
             panic!("expected a parking copy");
         };
         assert_eq!(h(&copy, headers::RETRY_TIER), None);
+        assert_eq!(
+            h(&copy, "traceparent"),
+            Some(&AMQPValue::LongString(TRACEPARENT.into())),
+            "the producer's trace context travels with the parked copy"
+        );
         assert_eq!(
             kind,
             CopyKind::Park {
