@@ -12,7 +12,7 @@ use rabbitkit_core::config::{self, Handlers, WorkerConfig};
 use rabbitkit_core::extract::Json;
 use rabbitkit_core::headers::Attempt;
 use rabbitkit_core::{BoxError, Delivery, Error, Failure, Outcome, worker};
-use rabbitkit_tests::{Broker, Vhost, wait_until};
+use rabbitkit_tests::{Broker, Vhost, http, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -52,7 +52,12 @@ fn handlers() -> Handlers {
 
 /// A config for `vh` with three subscribers; `jobs_type` is the queue type of `cfg.jobs`.
 fn config(vh: &Vhost, jobs_type: &str, mode: &str) -> WorkerConfig {
-    let src = format!(
+    let src = config_src(vh, jobs_type, mode);
+    WorkerConfig::from_toml(&src).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn config_src(vh: &Vhost, jobs_type: &str, mode: &str) -> String {
+    format!(
         r#"
 shutdown-deadline = "5s"
 [connection]
@@ -82,8 +87,7 @@ tiers = ["200ms"]
 max-attempts = 2
 "#,
         url = vh.url()
-    );
-    WorkerConfig::from_toml(&src).unwrap_or_else(|e| panic!("{e}"))
+    )
 }
 
 /// Declares `cfg`'s topology the way a worker does: by starting one, then stopping it.
@@ -297,4 +301,42 @@ async fn validate_mode_from_config_refuses_to_start_on_a_missing_topology() {
     assert!(matches!(err, Some(Error::Declare { .. })), "{err:?}");
     assert_eq!(vh.try_depth("cfg.greetings").await, None);
     assert_eq!(vh.try_depth("cfg.greetings.parking").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_listen_from_config_serves_metrics_and_readiness() {
+    let vh = Broker::from_env().vhost("cfg-http");
+    let src = config_src(&vh, "classic", "declare").replace(
+        "[topology]",
+        "[observability]\nhttp-listen = \"127.0.0.1:0\"\n[topology]",
+    );
+    let cfg = WorkerConfig::from_toml(&src).unwrap_or_else(|e| panic!("{e}"));
+    let w = worker::from_config(&cfg, &handlers())
+        .unwrap()
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("start: {e}"));
+    let base = format!("http://{}", w.http_addr().expect("the endpoint is served"));
+    wait_until(WAIT, "/readyz says ready", || {
+        let base = base.clone();
+        async move { http(&base, "GET", "/readyz", None).0 == 200 }
+    })
+    .await;
+    vh.publish_raw("cfg", "greeting.new", b"hi", json()).await;
+    wait_until(WAIT, "the greeting acked", || async {
+        w.stats("cfg.greetings").unwrap().acked == 1
+    })
+    .await;
+    let (status, scrape) = http(&base, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let acked = scrape.lines().find(|l| {
+        l.starts_with("rabbitkit_acked_total{")
+            && l.contains(r#"queue="cfg.greetings""#)
+            && l.contains(&format!(r#"vhost="{}""#, vh.name))
+    });
+    assert!(
+        acked.is_some_and(|l| l.ends_with(" 1")),
+        "{acked:?} in\n{scrape}"
+    );
+    w.shutdown().await;
 }

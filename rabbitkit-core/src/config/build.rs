@@ -22,6 +22,10 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
     let mut worker = Worker::new(config.connection.to_connection_config())
         .publisher_config(config.publisher.clone())
         .shutdown_deadline(config.shutdown_deadline);
+    #[cfg(feature = "http")]
+    if let Some(addr) = config.observability.http_listen {
+        worker = worker.http(addr);
+    }
     for s in &config.subscribers {
         let template = handlers
             .get(&s.handler)

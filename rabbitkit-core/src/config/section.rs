@@ -134,8 +134,9 @@ pub struct TopologySection {
     pub mode: TopologyMode,
 }
 
-/// `[observability]`: logging. rabbitkit does not install a global tracing subscriber;
-/// the binary applies these (as `examples/config_worker.rs` does).
+/// `[observability]`: logging and the metrics endpoint. rabbitkit does not install a
+/// global tracing subscriber: the binary applies the log keys (as
+/// `examples/config_worker.rs` does); the worker serves `http-listen` itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Observability {
@@ -145,6 +146,11 @@ pub struct Observability {
     /// Line format (default `full`).
     #[serde(default)]
     pub log_format: LogFormat,
+    /// Where the worker serves `GET /metrics` (Prometheus), `/healthz` and `/readyz`
+    /// ([`Worker::http`](crate::Worker::http)); none by default. Needs rabbitkit's `http`
+    /// cargo feature: without it the key is refused rather than ignored.
+    #[serde(default)]
+    pub http_listen: Option<std::net::SocketAddr>,
 }
 
 /// A log level.
@@ -232,6 +238,12 @@ impl WorkerConfig {
         self.connection
             .check_tls()
             .map_err(|m| ("connection.tls".to_owned(), m))?;
+        if self.observability.http_listen.is_some() && !cfg!(feature = "http") {
+            return Err((
+                "observability.http-listen".into(),
+                "needs rabbitkit built with its `http` cargo feature".into(),
+            ));
+        }
         if self.publisher.max_in_flight == 0 {
             return Err((
                 "publisher.max-in-flight".into(),

@@ -418,3 +418,30 @@ fn load_reads_the_file_then_the_environment() {
         "a missing file is named"
     );
 }
+
+#[test]
+fn http_listen_reaches_the_worker_or_is_refused_without_the_feature() {
+    let src = MINIMAL.replace(
+        "[[sub",
+        "[observability]\nhttp-listen = \"127.0.0.1:9464\"\n[[sub",
+    );
+    let r = WorkerConfig::from_toml(&src);
+    #[cfg(feature = "http")]
+    {
+        let cfg = r.unwrap_or_else(|e| panic!("{e}"));
+        let w = from_config(&cfg, &handlers()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(w.http, "127.0.0.1:9464".parse().ok());
+    }
+    #[cfg(not(feature = "http"))]
+    match r {
+        Err(Error::ConfigFile {
+            key, line, message, ..
+        }) => {
+            assert_eq!((key.as_str(), line), ("observability.http-listen", 6));
+            assert!(message.contains("`http` cargo feature"), "{message}");
+        }
+        other => panic!("expected a ConfigFile error, got {other:?}"),
+    }
+    let (key, ..) = file_error(&src.replace("127.0.0.1:9464", "localhost"));
+    assert_eq!(key, "observability.http-listen");
+}

@@ -47,7 +47,7 @@ pub struct Worker {
     pub(crate) shutdown_deadline: Duration,
     extensions: Extensions,
     #[cfg(feature = "http")]
-    http: Option<std::net::SocketAddr>,
+    pub(crate) http: Option<std::net::SocketAddr>,
 }
 
 impl Worker {
