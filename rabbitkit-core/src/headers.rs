@@ -30,6 +30,10 @@ pub const PARK_REASON: &str = "x-rabbitkit-park-reason";
 pub const RETRY_TIER: &str = "x-rabbitkit-retry-tier";
 /// Set on a message replayed from a parking queue: how many times it was replayed.
 pub const REPLAYED: &str = "x-rabbitkit-replayed";
+/// Set on a message replayed from a parking queue: the same for every copy made of one
+/// parked message in one replay round (digest of message id and body, then the round), so
+/// a consumer can recognise a second copy. Kept when the copy is parked again.
+pub const REPLAY_ID: &str = "x-rabbitkit-replay-id";
 
 /// Headers that describe a failure; a replay strips them.
 pub const FAILURE_HEADERS: &[&str] = &[

@@ -35,7 +35,7 @@ pub use manual::Settle;
 pub use outcome::{
     Classify, DefaultClassifier, ErrorClass, Failure, IntoOutcome, Outcome, Permanent,
 };
-pub use parking::{ParkedMessage, Parking, ReplayReport};
+pub use parking::{ParkedMessage, Parking, ReplayOptions, ReplayReport};
 pub use policy::{AckPolicy, ManualFallback};
 pub use publisher::{PendingConfirm, PublishOutcome, Publisher, PublisherConfig, PublisherStats};
 pub use retry::RetryPolicy;
