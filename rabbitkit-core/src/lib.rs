@@ -42,7 +42,7 @@ pub use retry::RetryPolicy;
 pub use settle::SettleReport;
 pub use stats::SubscriberStats;
 pub use subscriber::{IntoSubscriber, Subscriber};
-pub use topology::{QueueType, Topology, TopologyMode};
+pub use topology::{QueueType, Topology, TopologyMode, TopologyReport};
 pub use worker::{Worker, WorkerHandle, WorkerReport};
 
 /// AMQP types rabbitkit deliberately re-exports from lapin (properties and header values).

@@ -11,6 +11,8 @@
 //!                        └──────────────── expired: x-dead-letter to "" / orders ◀─────┘
 //! ```
 
+mod check;
+
 use std::time::Duration;
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -22,6 +24,8 @@ use crate::error::{Error, Result};
 use crate::headers;
 use crate::names;
 use crate::retry;
+
+pub use check::{CheckedObject, ObjectState, TopologyReport};
 
 /// Classic or quorum work queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -1,0 +1,253 @@
+//! Checking a topology against the broker without creating anything, and declaring it
+//! from a connection config (what the operator CLI's `topology check` and `apply` run).
+
+use std::time::Duration;
+
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ErrorKind, ExchangeKind};
+
+use super::{Topology, TopologyMode, exchange_kind};
+use crate::connection::{ConnectionConfig, Connector};
+use crate::error::{Error, Result};
+
+/// How long a check or a declaration waits for a connection.
+const CONNECT_WAIT: Duration = Duration::from_secs(15);
+
+/// What the broker has for one object of a topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ObjectState {
+    /// It exists with the expected kind and arguments.
+    Present,
+    /// It does not exist.
+    Missing,
+    /// It exists with another kind or other arguments; the broker's words.
+    Different(String),
+}
+
+/// One queue or exchange and what the broker has for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedObject {
+    /// What it is, for example `work queue "orders"`.
+    pub what: String,
+    /// What the broker has.
+    pub state: ObjectState,
+}
+
+/// The result of [`Topology::check`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopologyReport {
+    /// Every queue and exchange of the topology, in declaration order.
+    pub objects: Vec<CheckedObject>,
+    /// Bindings the check could not look at: AMQP has no passive binding check, and
+    /// binding to look would create the binding.
+    pub unchecked_bindings: Vec<String>,
+}
+
+impl TopologyReport {
+    /// True when every object is present as expected.
+    pub fn is_ok(&self) -> bool {
+        self.objects.iter().all(|o| o.state == ObjectState::Present)
+    }
+
+    /// The objects that are missing or different.
+    pub fn problems(&self) -> impl Iterator<Item = &CheckedObject> {
+        self.objects
+            .iter()
+            .filter(|o| o.state != ObjectState::Present)
+    }
+}
+
+/// A queue or an exchange to look for.
+struct Object {
+    what: String,
+    name: String,
+    /// `None` for a queue.
+    exchange: Option<ExchangeKind>,
+    arguments: FieldTable,
+}
+
+impl Topology {
+    /// Looks for every queue and exchange of this topology on the broker, creating nothing.
+    ///
+    /// Each object is first declared passively: `404 NOT_FOUND` is [`ObjectState::Missing`].
+    /// An object that exists is declared again with the expected kind and arguments, which
+    /// the broker answers with `406 PRECONDITION_FAILED` when they differ
+    /// ([`ObjectState::Different`]) and otherwise leaves as it is. Bindings are listed in
+    /// [`TopologyReport::unchecked_bindings`]. Refused topologies ([`Topology::validate`])
+    /// and broker errors other than those two are an `Err`.
+    pub async fn check(&self, connection: &ConnectionConfig) -> Result<TopologyReport> {
+        self.validate()?;
+        let objects = self.objects()?;
+        let connector = Connector::new(
+            connection.clone(),
+            format!("rabbitkit-topology-check {}", self.queue),
+        )?;
+        let conn = connector.get(CONNECT_WAIT).await?;
+        let mut report = TopologyReport::default();
+        let mut failed = None;
+        for o in objects {
+            match probe(&conn.conn, &o).await {
+                Ok(state) => report.objects.push(CheckedObject {
+                    what: o.what,
+                    state,
+                }),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        connector.close().await;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        report.unchecked_bindings = self
+            .bindings
+            .iter()
+            .filter(|b| !b.exchange.is_empty())
+            .map(|b| format!("{:?} → {:?} ({:?})", b.exchange, self.queue, b.routing_key))
+            .collect();
+        Ok(report)
+    }
+
+    /// Declares this topology ([`Topology::apply`] in `Declare` mode) on a connection of its
+    /// own, closed afterwards.
+    pub async fn declare(&self, connection: &ConnectionConfig) -> Result<()> {
+        self.validate()?;
+        let connector = Connector::new(
+            connection.clone(),
+            format!("rabbitkit-topology-apply {}", self.queue),
+        )?;
+        let conn = connector.get(CONNECT_WAIT).await?;
+        let result = match conn.conn.create_channel().await {
+            Ok(ch) => {
+                let r = self.apply(&ch, TopologyMode::Declare).await;
+                let _ = ch.close(200, "rabbitkit topology apply".into()).await;
+                r
+            }
+            Err(e) => Err(Error::amqp(e)),
+        };
+        connector.close().await;
+        result
+    }
+
+    /// The objects [`Topology::apply`] declares, in its order.
+    fn objects(&self) -> Result<Vec<Object>> {
+        let kind = exchange_kind(&self.exchange_kind)?;
+        let mut out: Vec<Object> = Vec::new();
+        for b in &self.bindings {
+            let skip = b.exchange.is_empty() || b.exchange.starts_with("amq.");
+            if skip || out.iter().any(|o| o.name == b.exchange) {
+                continue;
+            }
+            out.push(Object {
+                what: format!("exchange {:?} ({})", b.exchange, self.exchange_kind),
+                name: b.exchange.clone(),
+                exchange: Some(kind.clone()),
+                arguments: FieldTable::default(),
+            });
+        }
+        let parking = self.parking_queue();
+        out.push(Object {
+            what: format!("parking queue {parking:?}"),
+            name: parking,
+            exchange: None,
+            arguments: FieldTable::default(),
+        });
+        out.push(Object {
+            what: format!("work queue {:?}", self.queue),
+            name: self.queue.clone(),
+            exchange: None,
+            arguments: self.work_arguments(),
+        });
+        if !self.tiers.is_empty() {
+            let rx = self.retry_exchange();
+            out.push(Object {
+                what: format!("retry exchange {rx:?} (direct)"),
+                name: rx,
+                exchange: Some(ExchangeKind::Direct),
+                arguments: FieldTable::default(),
+            });
+            for t in super::retry_dedup(&self.tiers) {
+                let name = crate::retry::tier_queue(&self.queue, t);
+                out.push(Object {
+                    what: format!("retry tier {name:?}"),
+                    name,
+                    exchange: None,
+                    arguments: self.tier_arguments(t),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What the broker has for `o`, on a channel of its own (a refused declare closes it).
+async fn probe(conn: &Connection, o: &Object) -> Result<ObjectState> {
+    let state = match declare(conn, o, true).await? {
+        Err(e) if reply_code(&e) == Some(404) => ObjectState::Missing,
+        Err(e) => return Err(Error::amqp(e)),
+        // It exists, so declaring it again with the expected arguments creates nothing.
+        Ok(()) => match declare(conn, o, false).await? {
+            Ok(()) => ObjectState::Present,
+            Err(e) if reply_code(&e) == Some(406) => ObjectState::Different(reply_text(&e)),
+            Err(e) => return Err(Error::amqp(e)),
+        },
+    };
+    Ok(state)
+}
+
+/// Declares `o` on a fresh channel; the outer `Result` is about the channel itself.
+async fn declare(
+    conn: &Connection,
+    o: &Object,
+    passive: bool,
+) -> Result<std::result::Result<(), lapin::Error>> {
+    let ch = conn.create_channel().await.map_err(Error::amqp)?;
+    let r = match &o.exchange {
+        Some(kind) => {
+            let opts = ExchangeDeclareOptions {
+                passive,
+                durable: true,
+                ..Default::default()
+            };
+            ch.exchange_declare(
+                o.name.as_str().into(),
+                kind.clone(),
+                opts,
+                o.arguments.clone(),
+            )
+            .await
+        }
+        None => {
+            let opts = QueueDeclareOptions {
+                passive,
+                durable: true,
+                ..Default::default()
+            };
+            ch.queue_declare(o.name.as_str().into(), opts, o.arguments.clone())
+                .await
+                .map(|_| ())
+        }
+    };
+    if r.is_ok() {
+        let _ = ch.close(200, "rabbitkit topology check".into()).await;
+    }
+    Ok(r)
+}
+
+fn reply_code(e: &lapin::Error) -> Option<u16> {
+    match e.kind() {
+        ErrorKind::ProtocolError(a) => Some(a.get_id()),
+        _ => None,
+    }
+}
+
+fn reply_text(e: &lapin::Error) -> String {
+    match e.kind() {
+        ErrorKind::ProtocolError(a) => a.get_message().to_string(),
+        _ => e.to_string(),
+    }
+}
