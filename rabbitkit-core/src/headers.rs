@@ -61,7 +61,7 @@ pub const MAX_ERROR_MESSAGE: usize = 1024;
 pub const MAX_ATTEMPT: u32 = 1_000_000;
 
 /// Reads an integer header leniently (other clients encode integers in several widths).
-pub(crate) fn int(value: &AMQPValue) -> Option<i64> {
+pub fn int(value: &AMQPValue) -> Option<i64> {
     match value {
         AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
         AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
@@ -76,7 +76,7 @@ pub(crate) fn int(value: &AMQPValue) -> Option<i64> {
 }
 
 /// Reads a string header (long or short string, lossy UTF-8).
-pub(crate) fn string(value: &AMQPValue) -> Option<String> {
+pub fn string(value: &AMQPValue) -> Option<String> {
     match value {
         AMQPValue::LongString(s) => Some(s.to_string()),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),

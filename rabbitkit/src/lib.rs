@@ -47,12 +47,17 @@ pub use rabbitkit_core::{
     AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery, Envelope, Error,
     ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome, ParkedMessage,
     Parking, PendingConfirm, Permanent, PublishOutcome, Publisher, PublisherConfig, PublisherStats,
-    QueueType, ReplayReport, Result, RetryPolicy, Settle, SettleReport, Subscriber,
+    QueueType, ReplayOptions, ReplayReport, Result, RetryPolicy, Settle, SettleReport, Subscriber,
     SubscriberStats, Topology, TopologyMode, Worker, WorkerHandle, WorkerReport,
 };
 pub use rabbitkit_core::{
     amqp, decide, extract, handler, headers, idempotency, parking, retry, topology,
 };
+
+/// The `rabbitkit` operator command line, callable in-process (feature `cli`). See
+/// `docs/OPERATOR-CLI.md`.
+#[cfg(feature = "cli")]
+pub mod cli;
 
 /// Broker-free tests of handlers and subscribers: build a delivery, run it, assert on the
 /// settlement the runtime would carry out. See `docs/TESTING-HANDLERS.md`.
