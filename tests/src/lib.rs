@@ -368,6 +368,22 @@ impl Vhost {
         let _ = c.close(200, "".into()).await;
     }
 
+    /// Binds `queue` to `exchange` with `routing_key`.
+    pub async fn bind(&self, exchange: &str, queue: &str, routing_key: &str) {
+        let c = self.connect().await;
+        let ch = c.create_channel().await.unwrap();
+        ch.queue_bind(
+            queue.into(),
+            exchange.into(),
+            routing_key.into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("bind {exchange} -> {queue}: {e}"));
+        let _ = c.close(200, "".into()).await;
+    }
+
     /// Removes a binding.
     pub async fn unbind(&self, exchange: &str, queue: &str, routing_key: &str) {
         let c = self.connect().await;

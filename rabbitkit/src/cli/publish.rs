@@ -16,10 +16,11 @@ pub(crate) async fn run(connection: &ConnectionConfig, args: PublishArgs, io: &m
         }
         (None, None) => Vec::new(),
     };
-    if let (true, Err(e)) = (
-        args.json,
-        serde_json::from_slice::<serde_json::Value>(&body),
-    ) {
+    let not_json = args
+        .json
+        .then(|| serde_json::from_slice::<serde_json::Value>(&body).err())
+        .flatten();
+    if let Some(e) = not_json {
         writeln!(io.err, "rabbitkit: --json, but the body is not JSON: {e}")?;
         return Ok(EXIT_USAGE);
     }
