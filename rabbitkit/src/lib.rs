@@ -14,7 +14,9 @@
 //! - undecodable payloads are parked at once, never requeued in a loop;
 //! - manual ack mode for handlers that commit to a database first;
 //! - an [`idempotency`] layer that acks already-processed redeliveries, and (feature
-//!   `test-util`) a broker-free `testing` kit whose decisions are the runtime's own.
+//!   `test-util`) a broker-free `testing` kit whose decisions are the runtime's own;
+//! - (feature `cli`) the `rabbitkit` operator binary: inspect, replay and purge parking
+//!   queues, check or declare a topology, publish a confirmed message.
 //!
 //! ```no_run
 //! use rabbitkit::prelude::*;
@@ -41,7 +43,8 @@
 //! ```
 //!
 //! Guides: `docs/ARCHITECTURE.md`, `docs/GUARANTEES.md`, `docs/RETRY-AND-PARKING.md`,
-//! `docs/BROKER-VERSIONS.md`, `docs/TESTING-HANDLERS.md` in the repository.
+//! `docs/BROKER-VERSIONS.md`, `docs/TESTING-HANDLERS.md`, `docs/OPERATOR-CLI.md` in the
+//! repository.
 
 pub use rabbitkit_core::{
     AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery, Envelope, Error,
@@ -54,8 +57,6 @@ pub use rabbitkit_core::{
     amqp, decide, extract, handler, headers, idempotency, parking, retry, topology,
 };
 
-/// The `rabbitkit` operator command line, callable in-process (feature `cli`). See
-/// `docs/OPERATOR-CLI.md`.
 #[cfg(feature = "cli")]
 pub mod cli;
 

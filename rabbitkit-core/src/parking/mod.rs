@@ -10,7 +10,7 @@
 //! starts again at attempt 1, keeps its original exchange and routing key (the subscriber
 //! restores them), and carries [`headers::REPLAYED`] counting its replays and
 //! [`headers::REPLAY_ID`], the same for every copy made of one parked message in one round
-//! (see [`replay`] for what that and the rest of the replay protects against).
+//! (see [`Parking::replay_with`] for what that and the rest of the replay protect against).
 
 mod replay;
 

@@ -1,38 +1,6 @@
 //! Replaying parked messages: confirmed copy first, then the ack; filters, a rate, and what
-//! keeps a message from being replayed twice.
-//!
-//! # What a replay guarantees
-//!
-//! - **Nothing is lost.** Each copy goes to the work queue through the default exchange
-//!   (so only to the work queue, never to the other queues bound to the original exchange)
-//!   on the confirmed publisher with `mandatory = true`. The parked message is acked only
-//!   after its copy is `Confirmed`; the first copy that is returned, nacked, timed out or
-//!   failed stops the replay and that message stays parked.
-//! - **Passed-over messages stay parked, unchanged.** They are held unacked on the replay's
-//!   channel and requeued when it closes; RabbitMQ puts a requeued message back at its
-//!   position in the queue, so their order is kept. Messages parked while the replay runs
-//!   queue up behind them and are not looked at.
-//! - **One copy per message per run.** Within one run, a parked message with the same
-//!   message id and body as one already replayed (the runtime parks twice when the ack of a
-//!   confirmed parking copy is lost and the message fails again) is acked off the parking
-//!   queue without a second copy, and counted in [`ReplayReport::duplicates`]. Messages
-//!   without a message id are never treated as duplicates: distinct messages may share a
-//!   body.
-//! - **A finished replay is not repeated.** A replayed message has left the parking queue,
-//!   so replaying again finds only what is still parked.
-//!
-//! # What it does not cover
-//!
-//! Between the confirm of a copy and the broker processing the ack of the parked message,
-//! a crash or a lost connection leaves the message **both** in the work queue and still
-//! parked (AMQP has no atomic move between queues). A later replay then sends a second
-//! copy. Both copies carry the same message id and the same [`headers::REPLAY_ID`] (the
-//! id depends only on the message id, the body and the replay round), so a consumer
-//! recognises the second one: the [`Idempotent`](crate::idempotency::Idempotent) layer,
-//! keyed on the message id (its default), acks it without running the handler once the
-//! first copy was processed.
-//!
-//! [`headers::REPLAY_ID`]: crate::headers::REPLAY_ID
+//! keeps a message from being replayed twice (the guarantees are documented on
+//! [`Parking::replay_with`]).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -115,8 +83,40 @@ impl Parking {
             .await
     }
 
-    /// Replays the parked messages `select` picks, with a limit and a rate. See the
-    /// [module docs](self) for what is guaranteed.
+    /// Replays the parked messages `select` picks, with a limit and a rate.
+    ///
+    /// # What a replay guarantees
+    ///
+    /// - **Nothing is lost.** Each copy goes to the work queue through the default exchange
+    ///   (so only to the work queue, never to the other queues bound to the original exchange)
+    ///   on the confirmed publisher with `mandatory = true`. The parked message is acked only
+    ///   after its copy is `Confirmed`; the first copy that is returned, nacked, timed out or
+    ///   failed stops the replay and that message stays parked.
+    /// - **Passed-over messages stay parked, unchanged.** They are held unacked on the replay's
+    ///   channel and requeued when it closes; RabbitMQ puts a requeued message back at its
+    ///   position in the queue, so their order is kept. Messages parked while the replay runs
+    ///   queue up behind them and are not looked at.
+    /// - **One copy per message per run.** Within one run, a parked message with the same
+    ///   message id and body as one already replayed (the runtime parks twice when the ack of a
+    ///   confirmed parking copy is lost and the message fails again) is acked off the parking
+    ///   queue without a second copy, and counted in [`ReplayReport::duplicates`]. Messages
+    ///   without a message id are never treated as duplicates: distinct messages may share a
+    ///   body.
+    /// - **A finished replay is not repeated.** A replayed message has left the parking queue,
+    ///   so replaying again finds only what is still parked.
+    ///
+    /// # What it does not cover
+    ///
+    /// Between the confirm of a copy and the broker processing the ack of the parked message,
+    /// a crash or a lost connection leaves the message **both** in the work queue and still
+    /// parked (AMQP has no atomic move between queues). A later replay then sends a second
+    /// copy. Both copies carry the same message id and the same [`headers::REPLAY_ID`] (the
+    /// id depends only on the message id, the body and the replay round), so a consumer
+    /// recognises the second one: the [`Idempotent`](crate::idempotency::Idempotent) layer,
+    /// keyed on the message id (its default), acks it without running the handler once the
+    /// first copy was processed.
+    ///
+    /// [`headers::REPLAY_ID`]: crate::headers::REPLAY_ID
     pub async fn replay_with(
         &self,
         options: ReplayOptions,
