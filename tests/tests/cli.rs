@@ -149,6 +149,10 @@ async fn list_and_show_describe_parked_messages_and_leave_them_parked() {
     assert!(!r.out.contains("body-0"), "only the asked message: {r:?}");
 
     let r = cli(&vh, &["parking", "show", "orders", "--body-bytes", "4"]).await;
+    assert!(
+        r.out.starts_with("orders.parking: 3 parked, 3 shown\n"),
+        "{r:?}"
+    );
     assert_eq!(r.out.matches("--- orders.parking #").count(), 3, "{r:?}");
     assert!(
         r.out.contains("body (6 bytes): body ...(2 more bytes)"),
@@ -290,6 +294,38 @@ async fn replay_is_idempotent_and_skips_parked_twins() {
         .collect();
     assert_ne!(ids[0], ids[1]);
     assert_eq!(vh.depth("orders.parking").await, 0);
+}
+
+#[tokio::test]
+async fn replay_leaves_messages_parked_from_another_work_queue() {
+    let vh = Broker::from_env().vhost("cli-other");
+    park(&vh, &["body-0"]).await;
+    // A message another queue's custom dead-letter arguments sent here.
+    let mut h = FieldTable::default();
+    h.insert(
+        headers::SOURCE_QUEUE.into(),
+        lapin::types::AMQPValue::LongString("billing".into()),
+    );
+    let props = BasicProperties::default()
+        .with_message_id("b-1".into())
+        .with_headers(h);
+    vh.publish_raw("", "orders.parking", b"invoice", props)
+        .await;
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    assert!(
+        r.out
+            .contains("1 left parked: parked from another work queue"),
+        "{r:?}"
+    );
+    assert_eq!(message_ids(&vh.get_all("orders", 10).await), ["m-0"]);
+    let kept = vh.get_all("orders.parking", 10).await;
+    assert_eq!(message_ids(&kept), ["b-1"]);
+    assert_eq!(
+        kept[0].header_str(headers::SOURCE_QUEUE).as_deref(),
+        Some("billing")
+    );
 }
 
 #[tokio::test]

@@ -60,6 +60,9 @@ pub struct ParkedMessage {
     pub attempts: Option<i64>,
     /// The handler that failed it.
     pub handler: Option<String>,
+    /// The work queue it was parked from: rabbitkit's source-queue header, or the queue
+    /// of the newest `x-death` entry for messages the broker dead-lettered.
+    pub source_queue: Option<String>,
     /// The exchange it was first published to.
     pub original_exchange: Option<String>,
     /// The routing key it was first published with.
@@ -97,6 +100,8 @@ impl ParkedMessage {
             error_message: s(headers::ERROR_MESSAGE),
             attempts: headers::get(h, headers::ATTEMPT).and_then(int),
             handler: s(headers::HANDLER),
+            source_queue: s(headers::SOURCE_QUEUE)
+                .or_else(|| x_death.entries.first().map(|e| e.queue.clone())),
             original_exchange,
             original_routing_key,
             first_failure_at: time_header(h, headers::FIRST_FAILURE_AT).map(rfc3339),
@@ -414,6 +419,7 @@ mod tests {
         ]);
         let m = ParkedMessage::from_parts(Bytes::new(), p);
         assert_eq!(m.reason.as_deref(), Some("rejected"));
+        assert_eq!(m.source_queue.as_deref(), Some("orders"));
         assert_eq!(m.original_routing_key.as_deref(), Some("order.paid"));
         assert_eq!(m.original_exchange.as_deref(), Some("shop"));
         let h = m.replay_headers();

@@ -55,6 +55,8 @@ pub struct ReplayReport {
     pub duplicates: u64,
     /// Messages looked at and not selected: left parked, unchanged.
     pub passed_over: u64,
+    /// Selected messages parked from another work queue: left parked, unchanged.
+    pub other_queue: u64,
     /// Messages ready in the parking queue afterwards, as the broker counted them.
     pub remaining: u32,
     /// Why the replay stopped early, if it did: the copy was not confirmed (returned,
@@ -92,6 +94,10 @@ impl Parking {
     ///   on the confirmed publisher with `mandatory = true`. The parked message is acked only
     ///   after its copy is `Confirmed`; the first copy that is returned, nacked, timed out or
     ///   failed stops the replay and that message stays parked.
+    /// - **To the queue it came from.** A message whose source queue (rabbitkit's header, or
+    ///   the broker's `x-death`) is another work queue stays parked, unchanged, and is
+    ///   counted in [`ReplayReport::other_queue`]: a parking queue shared through custom
+    ///   dead-letter arguments never sends one queue's messages to another.
     /// - **Passed-over messages stay parked, unchanged.** They are held unacked on the replay's
     ///   channel and requeued when it closes; RabbitMQ puts a requeued message back at its
     ///   position in the queue, so their order is kept. Messages parked while the replay runs
@@ -145,8 +151,22 @@ impl Parking {
                 report.passed_over += 1;
                 continue;
             }
-            let content = parked.message_id().map(|_| parked.content_digest());
-            if content.is_some_and(|c| replayed_content.contains(&c)) {
+            if parked
+                .source_queue
+                .as_deref()
+                .is_some_and(|q| q != self.work_queue)
+            {
+                report.other_queue += 1;
+                continue;
+            }
+            // Id, length and digest: a twin is the same id and the same body.
+            let content = parked
+                .message_id()
+                .map(|id| (id.to_owned(), parked.body.len(), parked.content_digest()));
+            if content
+                .as_ref()
+                .is_some_and(|c| replayed_content.contains(c))
+            {
                 // Its twin's copy is confirmed in this run: a second copy would duplicate it.
                 ch.basic_ack(tag, BasicAckOptions::default())
                     .await

@@ -109,6 +109,13 @@ async fn show(
         )?;
         return Ok(EXIT_FAILED);
     }
+    let count = parking.count().await?;
+    writeln!(
+        io.out,
+        "{}: {count} parked, {} shown",
+        parking.queue(),
+        shown.len()
+    )?;
     let now = SystemTime::now();
     for (i, m) in shown.iter().enumerate() {
         writeln!(io.out, "--- {} #{} ---", parking.queue(), i + 1)?;
@@ -199,6 +206,13 @@ async fn replay(parking: &Parking, args: ReplayArgs, io: &mut Io<'_>) -> Done {
         "{} replayed into {}, {} duplicates removed, {} passed over, {} still parked",
         report.replayed, args.work_queue, report.duplicates, report.passed_over, report.remaining
     )?;
+    if report.other_queue > 0 {
+        writeln!(
+            io.out,
+            "{} left parked: parked from another work queue (see `parking show`)",
+            report.other_queue
+        )?;
+    }
     match report.stopped {
         Some(why) => {
             writeln!(
