@@ -456,6 +456,20 @@ pub fn http(base: &str, method: &str, path: &str, body: Option<&str>) -> (u16, S
     (status, body)
 }
 
+/// A handler that succeeds and counts its runs (its "effects") in `effects`.
+pub fn counting_handler(
+    effects: std::sync::Arc<AtomicU32>,
+) -> impl Fn() -> futures_util::future::Ready<Result<(), rabbitkit_core::BoxError>>
++ Clone
++ Send
++ Sync
++ 'static {
+    move || {
+        effects.fetch_add(1, Ordering::SeqCst);
+        futures_util::future::ready(Ok(()))
+    }
+}
+
 /// A `FieldTable` from pairs.
 pub fn table(pairs: &[(&str, AMQPValue)]) -> FieldTable {
     let mut t = FieldTable::default();

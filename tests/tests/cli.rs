@@ -3,15 +3,21 @@
 //! inspected afterwards. Messages are parked by the real runtime.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
 use lapin::types::FieldTable;
 use rabbitkit::cli::{EXIT_FAILED, EXIT_OK, EXIT_USAGE};
+use rabbitkit_core::delivery::Delivery;
 use rabbitkit_core::extract::Body;
 use rabbitkit_core::headers;
+use rabbitkit_core::idempotency::{IdempotentLayer, MemoryStore};
+use rabbitkit_core::subscriber::BoxDeliveryService;
 use rabbitkit_core::{Failure, Outcome, RetryPolicy, Subscriber};
-use rabbitkit_tests::{Broker, Got, Vhost, wait_until};
+use rabbitkit_tests::{Broker, Got, Vhost, counting_handler, wait_until};
+use tower::ServiceExt;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -294,6 +300,65 @@ async fn replay_is_idempotent_and_skips_parked_twins() {
         .collect();
     assert_ne!(ids[0], ids[1]);
     assert_eq!(vh.depth("orders.parking").await, 0);
+}
+
+/// The gap replay cannot close alone: a crash between a copy's confirm and the ack leaves
+/// the message parked too. The next replay's copy carries the same message id and replay
+/// id, and a worker with the `Idempotent` layer acks it without a second effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_after_a_lost_replay_ack_is_recognised_and_skipped() {
+    let vh = Broker::from_env().vhost("cli-lost-ack");
+    park(&vh, &["body-0"]).await;
+    // What a crash after the confirm would leave parked: the message as it was.
+    let stale = vh.get_all("orders.parking", 1).await.remove(0);
+    vh.publish_raw("", "orders.parking", &stale.body, stale.properties.clone())
+        .await;
+
+    let effects = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handler = counting_handler(effects.clone());
+    let s2 = seen.clone();
+    let record = tower::layer::layer_fn(move |inner: BoxDeliveryService| {
+        let seen = s2.clone();
+        tower::service_fn(move |d: Delivery| {
+            let (inner, seen) = (inner.clone(), seen.clone());
+            async move {
+                let id = d.header(headers::REPLAY_ID).and_then(headers::string);
+                seen.lock()
+                    .unwrap()
+                    .push((d.message_id().map(str::to_owned), id));
+                inner.oneshot(d).await
+            }
+        })
+    });
+    let store = MemoryStore::new(100, Duration::from_secs(600));
+    let sub = Subscriber::new("orders", handler)
+        .bind("shop", "order.*")
+        .layer(IdempotentLayer::new(store))
+        .layer(record);
+    let w = vh.start_worker(sub).await;
+
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    wait_until(WAIT, "first copy handled", || async {
+        w.stats("orders").unwrap().acked == 1
+    })
+    .await;
+    vh.publish_raw("", "orders.parking", &stale.body, stale.properties.clone())
+        .await;
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    wait_until(WAIT, "second copy acked", || async {
+        w.stats("orders").unwrap().acked == 2
+    })
+    .await;
+    w.shutdown().await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], seen[1], "same message id and replay id: {seen:?}");
+    assert_eq!(seen[0].0.as_deref(), Some("m-0"));
+    assert!(seen[0].1.as_deref().is_some_and(|id| id.ends_with(".1")));
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "no second effect");
 }
 
 #[tokio::test]
