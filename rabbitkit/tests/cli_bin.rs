@@ -56,6 +56,13 @@ fn missing_url_and_bad_flags_are_usage_errors() {
     );
     let o = rabbitkit(&["parking", "replay", "orders", "--rate", "fast"]);
     assert_eq!(o.status.code(), Some(2));
+    let o = rabbitkit(&["parking", "list", "orders", "--url", "http://u:s3cret@host"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("invalid broker URL") && !err.contains("s3cret"),
+        "{err}"
+    );
 }
 
 #[test]

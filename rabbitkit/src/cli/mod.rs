@@ -36,7 +36,8 @@ use args::{Cli, Command};
 pub const EXIT_OK: u8 = 0;
 /// The command did not do its job (or not all of it); the reason is on stderr.
 pub const EXIT_FAILED: u8 = 1;
-/// Bad arguments, no broker URL, or a destructive command without its confirmation flag.
+/// Bad arguments, no or a malformed broker URL, or a destructive command without its
+/// confirmation flag.
 pub const EXIT_USAGE: u8 = 2;
 
 /// Where a command writes: results to `out`, problems to `err`.
@@ -88,6 +89,11 @@ where
         return EXIT_USAGE;
     };
     let connection = ConnectionConfig::new(url);
+    if let Err(e) = connection.validate() {
+        // The error never holds the URL (it may hold a password).
+        let _ = writeln!(err, "rabbitkit: {e}");
+        return EXIT_USAGE;
+    }
     let mut io = Io { out, err };
     let done = match cli.command {
         Command::Parking(cmd) => parking::run(&connection, cmd, &mut io).await,
