@@ -36,14 +36,16 @@ pub(crate) async fn run(
             ..
         } => show(&parking, message_id, limit, body_bytes, io).await,
         ParkingCommand::Replay(args) => replay(&parking, args, io).await,
-        ParkingCommand::Purge { .. } => {
-            let n = parking.purge().await?;
-            writeln!(io.out, "purged {n} from {}", parking.queue())?;
-            Ok(EXIT_OK)
-        }
+        ParkingCommand::Purge { .. } => purge(&parking, io).await,
     };
     parking.close().await;
     done
+}
+
+async fn purge(parking: &Parking, io: &mut Io<'_>) -> Done {
+    let n = parking.purge().await?;
+    writeln!(io.out, "purged {n} from {}", parking.queue())?;
+    Ok(EXIT_OK)
 }
 
 async fn list(parking: &Parking, limit: usize, io: &mut Io<'_>) -> Done {
