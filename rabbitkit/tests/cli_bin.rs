@@ -1,6 +1,7 @@
-//! The real `rabbitkit` binary: help, exit codes before any broker is involved, and a
-//! failed connection that exits non-zero without printing the password. The commands
-//! against a broker are tested in-process by `tests/tests/cli.rs`.
+//! The real `rabbitkit` binary: help, exit codes before any broker is involved, a failed
+//! connection that exits non-zero without printing the password, and one verdict of the
+//! broker under test (`RABBITKIT_URL`). Every command against a broker is tested
+//! in-process by `tests/tests/cli.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::process::{Command, Output};
@@ -78,4 +79,25 @@ fn a_broker_that_cannot_be_reached_fails_without_printing_the_password() {
     let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
     assert!(!all.contains("s3cret-pw"), "{all}");
     assert!(all.contains("operator:***@127.0.0.1:1"), "{all}");
+}
+
+#[test]
+fn the_binary_reads_rabbitkit_url_and_an_unroutable_publish_exits_one() {
+    // `scripts/test` sets RABBITKIT_URL to the broker under test; without it this fails.
+    let url = std::env::var("RABBITKIT_URL")
+        .expect("RABBITKIT_URL is not set: run scripts/test, or export it for a test broker");
+    let o = Command::new(env!("CARGO_BIN_EXE_rabbitkit"))
+        .args([
+            "publish",
+            "--exchange",
+            "",
+            "--routing-key",
+            "rabbitkit-cli-bin-nowhere",
+        ])
+        .env("RABBITKIT_URL", &url)
+        .output()
+        .expect("run the rabbitkit binary");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("not confirmed: returned"), "{err}");
 }
