@@ -157,6 +157,11 @@ impl Connector {
         })
     }
 
+    /// The settings this connector connects with.
+    pub(crate) fn config(&self) -> &ConnectionConfig {
+        &self.cfg
+    }
+
     /// The current connection if it is usable, else a new one; retries with backoff until
     /// `wait` has passed.
     pub(crate) async fn get(&self, wait: Duration) -> Result<Arc<Conn>> {

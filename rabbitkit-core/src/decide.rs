@@ -226,7 +226,11 @@ fn retry_or_park(
 }
 
 fn park(spec: &SettleSpec, d: &Delivery, reason: ParkReason, failure: Failure) -> Decision {
-    let mut h = evidence(spec, d, &failure);
+    // The tier the message last waited in is not where it is now: a parked copy that said
+    // so would mislead whoever reads the parking queue.
+    let mut map = evidence(spec, d, &failure).inner().clone();
+    map.remove(headers::RETRY_TIER);
+    let mut h = FieldTable::from(map);
     h.insert(
         headers::ATTEMPT.into(),
         AMQPValue::LongLongInt(i64::from(d.attempt().number)),
@@ -344,6 +348,8 @@ mod tests {
             .build()
     }
 
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
     fn h<'a>(e: &'a Envelope, name: &str) -> Option<&'a AMQPValue> {
         e.basic_properties().headers().as_ref()?.inner().get(name)
     }
@@ -386,14 +392,27 @@ mod tests {
 
     #[test]
     fn last_attempt_parks_with_max_attempts() {
+        // It waited in a tier last time: the parked copy must not say it still does.
+        let retried = Delivery::builder("orders", "{}")
+            .route("shop", "order.created")
+            .header(headers::RETRY_TIER, AMQPValue::LongString("5s".into()))
+            .header("traceparent", AMQPValue::LongString(TRACEPARENT.into()))
+            .attempt(3)
+            .build();
         let d = decide(
             &spec(AckPolicy::Auto),
-            &delivery(3),
+            &retried,
             Outcome::error("still down"),
         );
         let Decision::Republish { copy, kind, .. } = d else {
             panic!("expected a parking copy");
         };
+        assert_eq!(h(&copy, headers::RETRY_TIER), None);
+        assert_eq!(
+            h(&copy, "traceparent"),
+            Some(&AMQPValue::LongString(TRACEPARENT.into())),
+            "the producer's trace context travels with the parked copy"
+        );
         assert_eq!(
             kind,
             CopyKind::Park {

@@ -12,6 +12,7 @@ pub mod headers;
 pub mod idempotency;
 pub mod manual;
 mod names;
+pub mod observe;
 pub mod outcome;
 pub mod parking;
 pub mod policy;

@@ -3,7 +3,9 @@
 //! The one rule: the original is acked only after its retry or parking copy is
 //! `Confirmed`. Returned, nacked, timed out or failed copies leave the original unacked: it is
 //! nacked with requeue after a backoff that grows with consecutive failures (so a broken
-//! tier does not become a hot loop), and a warning and a counter say so.
+//! tier does not become a hot loop), and a warning and a counter say so. Requeues asked for by
+//! the handler (`Outcome::Requeue`, the manual fallback) back off the same way from the
+//! second one in a row (100 ms, doubling, capped at 5 s; reset by any ack).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -45,6 +47,9 @@ pub(crate) struct Settler {
     pub(crate) publisher: Publisher,
     pub(crate) counters: Arc<Counters>,
     consecutive_failures: AtomicU32,
+    /// Requeues since the last ack: a handler (or a manual fallback) that requeues every
+    /// delivery would otherwise spin the broker and the worker in a hot loop.
+    requeue_streak: AtomicU32,
     max_backoff: Duration,
 }
 
@@ -54,6 +59,7 @@ impl Settler {
             publisher,
             counters,
             consecutive_failures: AtomicU32::new(0),
+            requeue_streak: AtomicU32::new(0),
             max_backoff: Duration::from_secs(5),
         }
     }
@@ -63,7 +69,13 @@ impl Settler {
         match decision {
             Decision::Nothing => SettleReport::Nothing,
             Decision::Ack => self.ack(acker, SettleReport::Acked).await,
-            Decision::Requeue => self.nack(acker, true).await,
+            Decision::Requeue => {
+                let streak = self.requeue_streak.fetch_add(1, Ordering::Relaxed);
+                if streak > 0 {
+                    tokio::time::sleep(backoff(streak, self.max_backoff)).await;
+                }
+                self.nack(acker, true).await
+            }
             Decision::Reject => self.nack(acker, false).await,
             Decision::Republish {
                 copy,
@@ -108,6 +120,7 @@ impl Settler {
         match acker.ack(BasicAckOptions::default()).await {
             Ok(true) => {
                 Counters::inc(&self.counters.acked);
+                self.requeue_streak.store(0, Ordering::Relaxed);
                 report
             }
             other => self.lost(other.err()),

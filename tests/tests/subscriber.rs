@@ -525,3 +525,224 @@ async fn settled_outcome_without_a_settlement_is_requeued_not_leaked() {
     assert_eq!((st.consumed, st.requeued, st.acked), (2, 1, 1), "{st:?}");
     assert_eq!(vh.depth("orders").await, 0);
 }
+
+/// A handler that asks for a requeue every time must not spin: from the second requeue in
+/// a row the settler waits (100 ms, doubling, capped at 5 s) before nacking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repeated_requeues_back_off_instead_of_spinning() {
+    let vh = Broker::from_env().vhost("sub-requeue-backoff");
+    let runs = Arc::new(AtomicU32::new(0));
+    let r2 = runs.clone();
+    let sub = Subscriber::new("orders", move || {
+        let runs = r2.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Outcome::Requeue
+        }
+    });
+    let w = vh.start_worker(sub).await;
+    vh.publish_raw("", "orders", b"again", props_json()).await;
+    wait_until(WAIT, "first run", || async {
+        runs.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = runs.load(Ordering::SeqCst);
+    // Pauses 0, 0.1, 0.2, 0.4, 0.8, 1.6 s: about 6 runs in 2 s. An unpaced requeue loop runs
+    // the handler thousands of times in that span.
+    assert!(
+        (3..=12).contains(&n),
+        "{n} runs in 2 s: requeues are not paced"
+    );
+    let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!(st.acked, 0);
+    wait_until(WAIT, "message still in the queue", || async {
+        vh.depth("orders").await == 1
+    })
+    .await;
+}
+
+/// Past a quorum queue's delivery limit the broker dead-letters to the parking queue (with
+/// x-death reason `delivery_limit`): nothing is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_delivery_limit_dead_letters_into_parking() {
+    let vh = Broker::from_env().vhost("sub-quorum-limit");
+    let sub = Subscriber::new("orders", || async { Outcome::Requeue })
+        .queue_type(QueueType::Quorum)
+        .delivery_limit(2);
+    let w = vh.start_worker(sub).await;
+    vh.publish_raw("", "orders", b"limited", props_json()).await;
+    wait_until(WAIT, "dead-lettered into parking", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
+    let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!(st.acked, 0);
+    assert!(st.requeued >= 2, "{st:?}");
+    let m = &vh.get_all("orders.parking", 1).await[0];
+    assert_eq!(m.body, b"limited");
+    let Some(AMQPValue::FieldArray(deaths)) = m.header("x-death") else {
+        panic!(
+            "no x-death on the dead-lettered message: {:?}",
+            m.properties.headers()
+        );
+    };
+    let AMQPValue::FieldTable(first) = &deaths.as_slice()[0] else {
+        panic!("x-death entry is not a table");
+    };
+    let reason = match first.inner().get("reason") {
+        Some(AMQPValue::LongString(r)) => r.to_string(),
+        other => panic!("x-death reason: {other:?}"),
+    };
+    assert_eq!(reason, "delivery_limit");
+}
+
+/// The retry copy's channel is closed by the broker (its exchange was deleted: 404): the
+/// copy is `Failed`, the original is not acked and comes back; once the exchange is back,
+/// the retry goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_copy_channel_lost_leaves_original_unacked_then_recovers() {
+    let vh = Broker::from_env().vhost("sub-copy-channel");
+    let sub = Subscriber::new("orders", || async { Err::<(), BoxError>("fail".into()) })
+        .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
+    let w = vh.start_worker(sub).await;
+    let c = vh.connect().await;
+    let ch = c.create_channel().await.unwrap();
+    ch.exchange_delete("orders.retry".into(), Default::default())
+        .await
+        .unwrap();
+    vh.publish_raw("", "orders", b"keep me", props_json()).await;
+    wait_until(WAIT, "a failed settlement", || async {
+        w.stats("orders").unwrap().settlement_failures >= 1
+    })
+    .await;
+    let st = w.stats("orders").unwrap();
+    assert_eq!(st.acked, 0, "copy on a lost channel: original not acked");
+    assert_eq!(st.retried, 0);
+    ch.exchange_declare(
+        "orders.retry".into(),
+        lapin::ExchangeKind::Direct,
+        lapin::options::ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        "orders.retry.1m".into(),
+        "orders.retry".into(),
+        "orders.retry.1m".into(),
+        Default::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    wait_until(WAIT, "retried once the exchange is back", || async {
+        let s = w.stats("orders").unwrap();
+        s.retried == 1 && s.acked == 1
+    })
+    .await;
+    w.shutdown().await;
+    assert_eq!(vh.depth("orders").await, 0);
+    let copies = vh.get_all("orders.retry.1m", 10).await;
+    assert_eq!(copies.len(), 1, "exactly the confirmed copy is in the tier");
+    assert_eq!(copies[0].body, b"keep me");
+}
+
+/// A resource alarm blocks the publishing connection: the retry copy times out
+/// (`TimedOut { blocked: true }`), the original is not acked, and once the alarm clears the
+/// retry goes through. Copies whose outcome was unknown may arrive too (at-least-once), so
+/// the tier holds at least one copy and the work queue none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_copy_timed_out_under_an_alarm_leaves_original_unacked() {
+    use std::sync::atomic::AtomicBool;
+    let broker = Broker::private(2);
+    broker.ctl(&["set_vm_memory_high_watermark", "0.4"]);
+    let vh = broker.vhost("sub-copy-alarm");
+    let alarm = Arc::new(AtomicBool::new(false));
+    let a2 = alarm.clone();
+    let sub = Subscriber::new("orders", move || {
+        let alarm = a2.clone();
+        async move {
+            // Fail only once the alarm is on, so the first copy meets a blocked connection.
+            for _ in 0..400 {
+                if alarm.load(Ordering::SeqCst) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err::<(), BoxError>("fail".into())
+        }
+    })
+    .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
+    let w = rabbitkit_core::Worker::new(ConnectionConfig::new(vh.url()))
+        .shutdown_deadline(Duration::from_secs(5))
+        .publisher_config(rabbitkit_core::PublisherConfig {
+            confirm_timeout: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .subscribe(sub)
+        .start()
+        .await
+        .unwrap();
+    vh.publish_raw("", "orders", b"keep me", props_json()).await;
+    broker.ctl(&["set_vm_memory_high_watermark", "0"]);
+    alarm.store(true, Ordering::SeqCst);
+    wait_until(WAIT, "a settlement failure under the alarm", || async {
+        w.stats("orders").unwrap().settlement_failures >= 1
+    })
+    .await;
+    let st = w.stats("orders").unwrap();
+    broker.ctl(&["set_vm_memory_high_watermark", "0.4"]);
+    assert_eq!(st.acked, 0, "copy timed out: original not acked");
+    assert_eq!(st.retried, 0);
+    assert!(
+        w.publisher().stats().timed_out >= 1,
+        "{:?}",
+        w.publisher().stats()
+    );
+    wait_until(WAIT, "retried after the alarm cleared", || async {
+        let s = w.stats("orders").unwrap();
+        s.retried >= 1 && s.acked == 1
+    })
+    .await;
+    w.shutdown().await;
+    assert_eq!(vh.depth("orders").await, 0);
+    wait_until(WAIT, "the confirmed copy is in the tier", || async {
+        vh.depth("orders.retry.1m").await >= 1
+    })
+    .await;
+}
+
+/// The parking copy is returned (the parking queue is gone): the original is not acked and
+/// stays recoverable; once the parking queue is back, it is parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parking_copy_returned_leaves_original_unacked_then_parks() {
+    let vh = Broker::from_env().vhost("sub-park-returned");
+    let sub = Subscriber::new("orders", || async {
+        Err::<(), _>(Permanent::new("unknown sku"))
+    });
+    let w = vh.start_worker(sub).await;
+    vh.delete_queue("orders.parking").await;
+    vh.publish_raw("", "orders", b"park me", props_json()).await;
+    wait_until(WAIT, "a failed settlement", || async {
+        w.stats("orders").unwrap().settlement_failures >= 1
+    })
+    .await;
+    let st = w.stats("orders").unwrap();
+    assert_eq!((st.acked, st.parked), (0, 0), "{st:?}");
+    vh.declare_queue("orders.parking", FieldTable::default())
+        .await;
+    wait_until(WAIT, "parked once the queue is back", || async {
+        w.stats("orders").unwrap().parked == 1
+    })
+    .await;
+    let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!(st.acked, 1);
+    assert_eq!(vh.depth("orders").await, 0);
+    let parked = vh.get_all("orders.parking", 10).await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].body, b"park me");
+}

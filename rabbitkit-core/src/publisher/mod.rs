@@ -85,8 +85,11 @@ impl Default for PublisherConfig {
 const MAX_PROPERTIES: usize = 120 * 1024;
 
 /// Counters kept by a publisher.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counters {
+    /// `rabbitkit_confirm_latency_seconds`, taken from the recorder installed when the
+    /// publisher was built.
+    latency: metrics::Histogram,
     sent: AtomicU64,
     confirmed: AtomicU64,
     returned: AtomicU64,
@@ -164,7 +167,16 @@ impl Publisher {
             inner: Arc::new(Inner {
                 shared: Arc::new(Shared {
                     connector: Connector::new(connection, "rabbitkit-publisher")?,
-                    counters: Counters::default(),
+                    counters: Counters {
+                        latency: metrics::histogram!(crate::stats::CONFIRM_LATENCY),
+                        sent: AtomicU64::new(0),
+                        confirmed: AtomicU64::new(0),
+                        returned: AtomicU64::new(0),
+                        nacked: AtomicU64::new(0),
+                        timed_out: AtomicU64::new(0),
+                        failed: AtomicU64::new(0),
+                        latency_micros: AtomicU64::new(0),
+                    },
                     cfg: cfg.clone(),
                 }),
                 permits: Arc::new(Semaphore::new(cfg.max_in_flight)),
@@ -312,6 +324,7 @@ impl Shared {
         match outcome {
             PublishOutcome::Confirmed { latency } => {
                 c.confirmed.fetch_add(1, Ordering::Relaxed);
+                c.latency.record(latency.as_secs_f64());
                 c.latency_micros.fetch_add(
                     u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
                     Ordering::Relaxed,

@@ -86,7 +86,7 @@ impl SubscriberTask {
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
-                    let pause = backoff(failures, Duration::from_secs(5));
+                    let pause = backoff(failures, self.connector.config().max_backoff);
                     tracing::warn!(%queue, error = %e, retry_in = ?pause, "cannot consume; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(pause) => {}

@@ -16,7 +16,7 @@ use crate::connection::{ConnectionConfig, Connector};
 use crate::delivery::Extensions;
 use crate::error::{Error, Result};
 use crate::publisher::{Publisher, PublisherConfig};
-use crate::stats::{Counters, SubscriberStats};
+use crate::stats::{Counters, Labels, SubscriberStats};
 use crate::subscriber::{IntoSubscriber, Subscriber};
 
 /// Runs subscribers. A consuming connection and a separate publishing connection (a
@@ -43,6 +43,8 @@ pub struct Worker {
     subscribers: Vec<Subscriber>,
     shutdown_deadline: Duration,
     extensions: Extensions,
+    #[cfg(feature = "http")]
+    http: Option<std::net::SocketAddr>,
 }
 
 impl Worker {
@@ -54,6 +56,8 @@ impl Worker {
             subscribers: Vec::new(),
             shutdown_deadline: Duration::from_secs(30),
             extensions: Extensions::default(),
+            #[cfg(feature = "http")]
+            http: None,
         }
     }
 
@@ -72,6 +76,16 @@ impl Worker {
     /// How long in-flight handlers may run after shutdown starts; stragglers are requeued.
     pub fn shutdown_deadline(mut self, d: Duration) -> Self {
         self.shutdown_deadline = d;
+        self
+    }
+
+    /// Serves `GET /metrics` (Prometheus), `/healthz` and `/readyz` on `addr` (port 0: any
+    /// free port, see [`WorkerHandle::http_addr`]). Installs the Prometheus recorder as the
+    /// process's global `metrics` recorder, unless one is installed already. See
+    /// [`observe`](crate::observe).
+    #[cfg(feature = "http")]
+    pub fn http(mut self, addr: std::net::SocketAddr) -> Self {
+        self.http = Some(addr);
         self
     }
 
@@ -107,6 +121,12 @@ impl Worker {
                 )));
             }
         }
+        let vhost = self.connection.validate()?.vhost;
+        // Before anything takes metric handles: they bind to the recorder installed now.
+        #[cfg(feature = "http")]
+        if self.http.is_some() {
+            crate::observe::install_prometheus();
+        }
         let consumer = Arc::new(Connector::new(
             self.connection.clone(),
             "rabbitkit-consumer",
@@ -126,7 +146,10 @@ impl Worker {
         let mut stats = HashMap::new();
         let mut ready = Vec::new();
         for mut s in self.subscribers {
-            let counters = Arc::new(Counters::default());
+            let counters = Arc::new(Counters::new(&Labels {
+                vhost: vhost.clone(),
+                queue: s.topology.queue.clone(),
+            }));
             let is_ready = Arc::new(AtomicBool::new(false));
             stats.insert(s.name.clone(), counters.clone());
             ready.push(is_ready.clone());
@@ -146,7 +169,32 @@ impl Worker {
             );
             tasks.push(tokio::spawn(sub.run()));
         }
+        let stopping = Arc::new(AtomicBool::new(false));
+        #[cfg(feature = "http")]
+        let endpoint = match self.http {
+            Some(addr) => {
+                let (ready, stopping) = (ready.clone(), stopping.clone());
+                let is_ready = Arc::new(move || {
+                    !stopping.load(Ordering::Acquire)
+                        && ready.iter().all(|r| r.load(Ordering::Acquire))
+                });
+                match crate::observe::Endpoint::start(addr, is_ready).await {
+                    Ok(e) => Some(e),
+                    Err(e) => {
+                        let _ = stop_tx.send(true);
+                        let _ = hard_tx.send(true);
+                        publisher.close(Duration::from_secs(5)).await;
+                        consumer.close().await;
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
         Ok(WorkerHandle {
+            stopping,
+            #[cfg(feature = "http")]
+            endpoint,
             stop: stop_tx,
             hard: hard_tx,
             tasks,
@@ -162,6 +210,10 @@ impl Worker {
 /// A running worker.
 #[derive(Debug)]
 pub struct WorkerHandle {
+    /// Set when shutdown starts (`/readyz` turns 503).
+    stopping: Arc<AtomicBool>,
+    #[cfg(feature = "http")]
+    endpoint: Option<crate::observe::Endpoint>,
     stop: watch::Sender<bool>,
     hard: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -185,9 +237,16 @@ impl WorkerHandle {
         self.stats.get(name).map(|c| c.snapshot())
     }
 
-    /// True when every subscriber is connected and consuming.
+    /// True when every subscriber is connected and consuming, and shutdown has not started.
     pub fn is_ready(&self) -> bool {
-        self.ready.iter().all(|r| r.load(Ordering::Acquire))
+        !self.stopping.load(Ordering::Acquire)
+            && self.ready.iter().all(|r| r.load(Ordering::Acquire))
+    }
+
+    /// The address the HTTP endpoint listens on, when [`Worker::http`] was set.
+    #[cfg(feature = "http")]
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.endpoint.as_ref().map(|e| e.addr)
     }
 
     /// The publisher the worker settles with (handlers get it as `State<Publisher>`).
@@ -198,6 +257,7 @@ impl WorkerHandle {
     /// Stops consuming, lets in-flight handlers finish and settle within the shutdown
     /// deadline, requeues stragglers, closes both connections.
     pub async fn shutdown(self) -> WorkerReport {
+        self.stopping.store(true, Ordering::Release);
         let _ = self.stop.send(true);
         let hard = self.hard;
         let deadline = self.deadline;
@@ -215,6 +275,10 @@ impl WorkerHandle {
         timer.abort();
         self.publisher.close(Duration::from_secs(5)).await;
         self.consumer.close().await;
+        #[cfg(feature = "http")]
+        if let Some(e) = &self.endpoint {
+            e.stop();
+        }
         WorkerReport {
             subscribers: self
                 .stats

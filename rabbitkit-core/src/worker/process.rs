@@ -17,6 +17,9 @@ use crate::run::Runner;
 use crate::settle::{SettleReport, Settler};
 use crate::stats::Counters;
 
+/// The W3C trace-context header.
+const TRACEPARENT: &str = "traceparent";
+
 pub(super) struct Pipeline {
     pub(super) runner: Runner,
     pub(super) settler: Arc<Settler>,
@@ -48,6 +51,7 @@ impl Pipeline {
         let spec = &self.runner.spec;
         let c = &self.runner.counters;
         Counters::inc(&c.consumed);
+        let _in_flight = c.enter();
         let lapin::message::Delivery {
             exchange,
             routing_key,
@@ -91,6 +95,7 @@ impl Pipeline {
             otel.kind = "consumer",
             messaging.system = "rabbitmq",
             messaging.operation = "process",
+            messaging.operation.type = "process",
             messaging.destination.name = %spec.queue,
             messaging.rabbitmq.destination.routing_key = %delivery.routing_key(),
             messaging.message.id = delivery.message_id().unwrap_or(""),
@@ -98,13 +103,24 @@ impl Pipeline {
             rabbitkit.attempt = delivery.attempt().number,
             rabbitkit.redelivered = redelivered,
             rabbitkit.outcome = tracing::field::Empty,
+            // W3C trace context of the producer; retry and parking copies keep the header,
+            // so every attempt of a message shares it.
+            traceparent = tracing::field::Empty,
         );
+        if let Some(tp) = delivery
+            .header(TRACEPARENT)
+            .and_then(crate::headers::string)
+        {
+            span.record("traceparent", tp.as_str());
+        }
         async {
             let mut hard = self.hard_stop.clone();
+            let started = std::time::Instant::now();
             let outcome = tokio::select! {
                 o = self.runner.run(&delivery) => Some(o),
                 _ = hard.wait_for(|v| *v) => None,
             };
+            c.handler_ran(started.elapsed());
             let decision = self.runner.conclude(&delivery, outcome, settle.as_ref());
             tracing::Span::current().record("rabbitkit.outcome", decision.label());
             let report = self.settler.execute(decision, &acker).await;

@@ -1,0 +1,157 @@
+//! Metrics, health and readiness on the worker's HTTP endpoint, against a real broker.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use rabbitkit_core::extract::Json;
+use rabbitkit_core::headers::Attempt;
+use rabbitkit_core::{BoxError, ConnectionConfig, RetryPolicy, Subscriber, Worker};
+use rabbitkit_tests::{Broker, Vhost, http, wait_until};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[derive(serde::Deserialize)]
+struct Order {
+    id: u32,
+}
+
+fn json() -> BasicProperties {
+    BasicProperties::default().with_content_type("application/json".into())
+}
+
+async fn start(vh: &Vhost, sub: Subscriber) -> rabbitkit_core::WorkerHandle {
+    Worker::new(ConnectionConfig::new(vh.url()))
+        .shutdown_deadline(Duration::from_secs(5))
+        .http("127.0.0.1:0".parse().unwrap())
+        .subscribe(sub)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The value of `name` for this vhost's `orders` queue in a Prometheus text scrape.
+fn sample(scrape: &str, name: &str, vhost: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| l.contains(r#"queue="orders""#) && l.contains(&format!(r#"vhost="{vhost}""#)))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_endpoint_reports_the_same_counts_as_the_worker() {
+    let vh = Broker::from_env().vhost("obs-metrics");
+    // Every third order fails on its first attempt; unparsable payloads are parked.
+    let sub = Subscriber::new("orders", |a: Attempt, Json(o): Json<Order>| async move {
+        if o.id % 3 == 0 && a.number == 1 {
+            return Err::<(), BoxError>("transient".into());
+        }
+        Ok(())
+    })
+    .retry(RetryPolicy::new([Duration::from_millis(200)]).max_attempts(3));
+    let w = start(&vh, sub).await;
+    let base = format!("http://{}", w.http_addr().unwrap());
+    wait_until(WAIT, "/readyz 200", || async {
+        http(&base, "GET", "/readyz", None).0 == 200
+    })
+    .await;
+    assert_eq!(http(&base, "GET", "/healthz", None), (200, "ok\n".into()));
+    for id in 1..=9 {
+        vh.publish_raw("", "orders", format!(r#"{{"id":{id}}}"#).as_bytes(), json())
+            .await;
+    }
+    for _ in 0..2 {
+        vh.publish_raw("", "orders", b"not json", json()).await;
+    }
+    // 6 direct successes, 3 failures retried then acked, 2 poison parked.
+    wait_until(WAIT, "every delivery settled", || async {
+        let s = w.stats("orders").unwrap();
+        (s.consumed, s.acked, s.retried, s.parked) == (14, 14, 3, 2)
+    })
+    .await;
+    let st = w.stats("orders").unwrap();
+    let (status, scrape) = http(&base, "GET", "/metrics", None);
+    assert_eq!(status, 200, "{scrape}");
+    let name = vh.name.as_str();
+    for (metric, want) in [
+        ("rabbitkit_consumed_total", st.consumed),
+        ("rabbitkit_acked_total", st.acked),
+        ("rabbitkit_retried_total", st.retried),
+        ("rabbitkit_parked_total", st.parked),
+        ("rabbitkit_requeued_total", st.requeued),
+        (
+            "rabbitkit_settlement_failures_total",
+            st.settlement_failures,
+        ),
+        ("rabbitkit_panics_total", st.panics),
+    ] {
+        assert_eq!(
+            sample(&scrape, metric, name),
+            Some(want as f64),
+            "{metric} in:\n{scrape}"
+        );
+    }
+    assert_eq!(
+        sample(&scrape, "rabbitkit_handler_duration_seconds_count", name),
+        Some(14.0),
+        "every delivery ran through the handler service (the poison ones stop at the extractor):\n{scrape}"
+    );
+    assert_eq!(sample(&scrape, "rabbitkit_in_flight", name), Some(0.0));
+    let confirms = scrape
+        .lines()
+        .find(|l| l.starts_with("rabbitkit_confirm_latency_seconds_count"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(confirms >= 5.0, "5 copies confirmed at least:\n{scrape}");
+    assert_eq!(http(&base, "GET", "/nope", None).0, 404);
+    assert_eq!(http(&base, "POST", "/metrics", Some("")).0, 405);
+    let addr = w.http_addr().unwrap();
+    w.shutdown().await;
+    wait_until(WAIT, "endpoint closed after shutdown", || async move {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_turns_unavailable_when_shutdown_starts() {
+    let vh = Broker::from_env().vhost("obs-ready");
+    let release = Arc::new(tokio::sync::Notify::new());
+    let r2 = release.clone();
+    let sub = Subscriber::new("orders", move || {
+        let release = r2.clone();
+        async move {
+            release.notified().await;
+            Ok::<_, BoxError>(())
+        }
+    });
+    let w = start(&vh, sub).await;
+    let base = format!("http://{}", w.http_addr().unwrap());
+    wait_until(WAIT, "/readyz 200", || async {
+        http(&base, "GET", "/readyz", None).0 == 200
+    })
+    .await;
+    vh.publish_raw("", "orders", b"slow", json()).await;
+    wait_until(WAIT, "handler running", || async {
+        w.stats("orders").unwrap().consumed == 1
+    })
+    .await;
+    let shutdown = tokio::spawn(w.shutdown());
+    let b2 = base.clone();
+    wait_until(WAIT, "/readyz 503 while draining", move || {
+        let b = b2.clone();
+        async move { http(&b, "GET", "/readyz", None).0 == 503 }
+    })
+    .await;
+    assert_eq!(
+        http(&base, "GET", "/healthz", None).0,
+        200,
+        "alive while draining"
+    );
+    release.notify_one();
+    let report = shutdown.await.unwrap();
+    assert_eq!(report.subscribers["orders"].acked, 1);
+}
