@@ -30,6 +30,10 @@ pub const PARK_REASON: &str = "x-rabbitkit-park-reason";
 pub const RETRY_TIER: &str = "x-rabbitkit-retry-tier";
 /// Set on a message replayed from a parking queue: how many times it was replayed.
 pub const REPLAYED: &str = "x-rabbitkit-replayed";
+/// Set on a message replayed from a parking queue: the same for every copy made of one
+/// parked message in one replay round (digest of message id and body, then the round), so
+/// a consumer can recognise a second copy. Kept when the copy is parked again.
+pub const REPLAY_ID: &str = "x-rabbitkit-replay-id";
 
 /// Headers that describe a failure; a replay strips them.
 pub const FAILURE_HEADERS: &[&str] = &[
@@ -57,7 +61,7 @@ pub const MAX_ERROR_MESSAGE: usize = 1024;
 pub const MAX_ATTEMPT: u32 = 1_000_000;
 
 /// Reads an integer header leniently (other clients encode integers in several widths).
-pub(crate) fn int(value: &AMQPValue) -> Option<i64> {
+pub fn int(value: &AMQPValue) -> Option<i64> {
     match value {
         AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
         AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
@@ -72,7 +76,7 @@ pub(crate) fn int(value: &AMQPValue) -> Option<i64> {
 }
 
 /// Reads a string header (long or short string, lossy UTF-8).
-pub(crate) fn string(value: &AMQPValue) -> Option<String> {
+pub fn string(value: &AMQPValue) -> Option<String> {
     match value {
         AMQPValue::LongString(s) => Some(s.to_string()),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),

@@ -37,14 +37,14 @@ pub use manual::Settle;
 pub use outcome::{
     Classify, DefaultClassifier, ErrorClass, Failure, IntoOutcome, Outcome, Permanent,
 };
-pub use parking::{ParkedMessage, Parking, ReplayReport};
+pub use parking::{ParkedMessage, Parking, ReplayOptions, ReplayReport};
 pub use policy::{AckPolicy, ManualFallback};
 pub use publisher::{PendingConfirm, PublishOutcome, Publisher, PublisherConfig, PublisherStats};
 pub use retry::RetryPolicy;
 pub use settle::SettleReport;
 pub use stats::SubscriberStats;
 pub use subscriber::{IntoSubscriber, Subscriber};
-pub use topology::{QueueType, Topology, TopologyMode};
+pub use topology::{QueueType, Topology, TopologyMode, TopologyReport};
 pub use worker::{Worker, WorkerHandle, WorkerReport};
 
 /// AMQP types rabbitkit deliberately re-exports from lapin (properties and header values).

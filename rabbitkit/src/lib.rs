@@ -17,6 +17,8 @@
 //!   `test-util`) a broker-free `testing` kit whose decisions are the runtime's own;
 //! - a worker from a strict TOML file, handlers registered by name ([`config`],
 //!   [`worker::from_config`]), with a passive topology check for `--check`.
+//! - (feature `cli`) the `rabbitkit` operator binary: inspect, replay and purge parking
+//!   queues, check or declare a topology, publish a confirmed message.
 //!
 //! ```no_run
 //! use rabbitkit::prelude::*;
@@ -43,18 +45,22 @@
 //! ```
 //!
 //! Guides: `docs/ARCHITECTURE.md`, `docs/GUARANTEES.md`, `docs/RETRY-AND-PARKING.md`,
-//! `docs/BROKER-VERSIONS.md`, `docs/TESTING-HANDLERS.md` in the repository.
+//! `docs/BROKER-VERSIONS.md`, `docs/TESTING-HANDLERS.md`, `docs/OPERATOR-CLI.md` in the
+//! repository.
 
 pub use rabbitkit_core::{
     AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery, Envelope, Error,
     ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome, ParkedMessage,
     Parking, PendingConfirm, Permanent, PublishOutcome, Publisher, PublisherConfig, PublisherStats,
-    QueueType, ReplayReport, Result, RetryPolicy, Settle, SettleReport, Subscriber,
+    QueueType, ReplayOptions, ReplayReport, Result, RetryPolicy, Settle, SettleReport, Subscriber,
     SubscriberStats, Topology, TopologyMode, Worker, WorkerHandle, WorkerReport,
 };
 pub use rabbitkit_core::{
     amqp, config, decide, extract, handler, headers, idempotency, parking, retry, topology, worker,
 };
+
+#[cfg(feature = "cli")]
+pub mod cli;
 
 /// Broker-free tests of handlers and subscribers: build a delivery, run it, assert on the
 /// settlement the runtime would carry out. See `docs/TESTING-HANDLERS.md`.

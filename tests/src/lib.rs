@@ -368,6 +368,22 @@ impl Vhost {
         let _ = c.close(200, "".into()).await;
     }
 
+    /// Binds `queue` to `exchange` with `routing_key`.
+    pub async fn bind(&self, exchange: &str, queue: &str, routing_key: &str) {
+        let c = self.connect().await;
+        let ch = c.create_channel().await.unwrap();
+        ch.queue_bind(
+            queue.into(),
+            exchange.into(),
+            routing_key.into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("bind {exchange} -> {queue}: {e}"));
+        let _ = c.close(200, "".into()).await;
+    }
+
     /// Removes a binding.
     pub async fn unbind(&self, exchange: &str, queue: &str, routing_key: &str) {
         let c = self.connect().await;
@@ -438,6 +454,20 @@ pub fn http(base: &str, method: &str, path: &str, body: Option<&str>) -> (u16, S
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// A handler that succeeds and counts its runs (its "effects") in `effects`.
+pub fn counting_handler(
+    effects: std::sync::Arc<AtomicU32>,
+) -> impl Fn() -> futures_util::future::Ready<Result<(), rabbitkit_core::BoxError>>
++ Clone
++ Send
++ Sync
++ 'static {
+    move || {
+        effects.fetch_add(1, Ordering::SeqCst);
+        futures_util::future::ready(Ok(()))
+    }
 }
 
 /// A `FieldTable` from pairs.

@@ -11,6 +11,7 @@ use lapin::types::FieldTable;
 use rabbitkit_core::config::{self, Handlers, WorkerConfig};
 use rabbitkit_core::extract::Json;
 use rabbitkit_core::headers::Attempt;
+use rabbitkit_core::topology::ObjectState;
 use rabbitkit_core::{BoxError, Delivery, Error, Failure, Outcome, worker};
 use rabbitkit_tests::{Broker, Vhost, http, wait_until};
 
@@ -179,16 +180,21 @@ async fn check_passes_on_an_applied_topology() {
     let report = config::check(&cfg, &handlers()).await.unwrap();
     assert!(report.is_ok(), "{report}");
     assert!(
-        report.ok.iter().any(|o| o == r#"work queue "cfg.jobs""#),
+        report
+            .present()
+            .any(|o| o.what == r#"work queue "cfg.jobs""#),
         "{report:?}"
     );
     assert!(
         report
-            .ok
-            .iter()
-            .any(|o| o == r#"retry tier "cfg.jobs.retry.200ms""#)
+            .present()
+            .any(|o| o.what == r#"retry tier "cfg.jobs.retry.200ms""#)
     );
-    assert!(report.ok.iter().any(|o| o == r#"exchange "cfg""#));
+    assert!(
+        report
+            .present()
+            .any(|o| o.what == r#"exchange "cfg" (topic)"#)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,7 +207,7 @@ async fn check_reports_a_missing_queue_without_declaring_anything() {
     let report = config::check(&cfg, &handlers()).await.unwrap();
     assert!(!report.is_ok());
     let text = report.to_string();
-    assert_eq!(report.problems.len(), 2, "{text}");
+    assert_eq!(report.problems().count(), 2, "{text}");
     assert!(
         text.contains(r#"cfg.orders: work queue "cfg.orders": missing"#),
         "{text}"
@@ -218,13 +224,8 @@ async fn check_reports_a_missing_queue_without_declaring_anything() {
     let report = config::check(&config(&empty, "classic", "declare"), &handlers())
         .await
         .unwrap();
-    assert!(report.ok.is_empty(), "{report}");
-    assert!(
-        report
-            .problems
-            .iter()
-            .all(|p| p.issue.starts_with("missing"))
-    );
+    assert_eq!(report.present().count(), 0, "{report}");
+    assert!(report.problems().all(|p| p.state == ObjectState::Missing));
     assert_eq!(empty.try_depth("cfg.greetings").await, None);
 }
 
@@ -237,23 +238,21 @@ async fn check_reports_a_queue_of_the_other_type() {
             .await
             .unwrap();
         let text = report.to_string();
-        assert_eq!(
-            report.problems.len(),
-            1,
-            "{declared} → {configured}: {text}"
-        );
-        let p = &report.problems[0];
-        assert_eq!(p.object, r#"work queue "cfg.jobs""#);
+        let problems: Vec<_> = report.problems().collect();
+        assert_eq!(problems.len(), 1, "{declared} → {configured}: {text}");
+        let p = problems[0];
+        assert_eq!(p.what, r#"work queue "cfg.jobs""#);
+        let issue = p.state.to_string();
         let want = if configured == "quorum" {
             r#"x-queue-type = "quorum""#
         } else {
             "classic type"
         };
         assert!(
-            p.issue.starts_with("differs") && p.issue.contains(want),
+            issue.starts_with("differs") && issue.contains(want),
             "{declared} → {configured}: {text}"
         );
-        assert!(p.issue.contains("PRECONDITION_FAILED"), "{text}");
+        assert!(issue.contains("PRECONDITION_FAILED"), "{text}");
     }
 }
 
@@ -279,13 +278,13 @@ async fn check_reports_an_exchange_of_another_kind() {
         .unwrap();
     let text = report.to_string();
     let kind: Vec<_> = report
-        .problems
-        .iter()
-        .filter(|p| p.object == r#"exchange "cfg""#)
+        .problems()
+        .filter(|p| p.what == r#"exchange "cfg" (topic)"#)
+        .map(|p| p.state.to_string())
         .collect();
     assert_eq!(kind.len(), 2, "greetings and orders bind to it: {text}");
     assert!(
-        kind[0].issue.contains("topic exchange") && kind[0].issue.contains("PRECONDITION_FAILED"),
+        kind[0].contains("topic exchange") && kind[0].contains("PRECONDITION_FAILED"),
         "{text}"
     );
 }

@@ -11,7 +11,7 @@ use rabbitkit_core::delivery::Delivery;
 use rabbitkit_core::idempotency::{IdempotencyStore, IdempotentLayer, MemoryStore};
 use rabbitkit_core::subscriber::BoxDeliveryService;
 use rabbitkit_core::{BoxError, Subscriber};
-use rabbitkit_tests::{Broker, Vhost, http, wait_until};
+use rabbitkit_tests::{Broker, Vhost, counting_handler, http, wait_until};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
@@ -64,14 +64,7 @@ async fn duplicate_after_a_lost_ack_is_acked_without_a_second_effect() {
     // Holds the first delivery's ack back until the connection has been closed.
     let release = Arc::new(Notify::new());
 
-    let e2 = effects.clone();
-    let handler = move || {
-        let effects = e2.clone();
-        async move {
-            effects.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, BoxError>(())
-        }
-    };
+    let handler = counting_handler(effects.clone());
     let (seen2, release2) = (seen.clone(), release.clone());
     // Outermost layer: runs after the idempotency layer has marked the key, before the
     // runtime acks; the first delivery waits there while the test cuts the connection.

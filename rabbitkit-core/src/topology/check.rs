@@ -1,38 +1,82 @@
-//! Checking a topology against the broker without creating anything (`--check`).
+//! Checking a topology against the broker without creating anything, and declaring it
+//! from a connection config: what the operator CLI's `topology check` / `apply` and the
+//! config worker's `--check` ([`Worker::check_topology`](crate::Worker::check_topology)) run.
+
+use std::time::Duration;
 
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ExchangeKind};
+use lapin::{Connection, ErrorKind, ExchangeKind};
 
-use super::{Topology, exchange_kind, retry_dedup};
+use super::{Topology, TopologyMode, exchange_kind};
+use crate::connection::{ConnectionConfig, Connector};
 use crate::error::{Error, Result};
-use crate::retry;
 
-/// What a topology check found: the objects that are as the worker would declare them,
-/// and the ones that are missing or differ.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TopologyReport {
-    /// Objects found as expected (`work queue "orders"`).
-    pub ok: Vec<String>,
-    /// Objects missing or different.
-    pub problems: Vec<TopologyProblem>,
+/// How long a check or a declaration waits for a connection.
+const CONNECT_WAIT: Duration = Duration::from_secs(15);
+
+/// What the broker has for one object of a topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ObjectState {
+    /// It exists with the expected kind and arguments.
+    Present,
+    /// It does not exist.
+    Missing,
+    /// It exists with another kind or other arguments; the broker's words.
+    Different(String),
 }
 
-/// One object that is missing or differs.
+impl std::fmt::Display for ObjectState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ObjectState::Present => f.write_str("as expected"),
+            ObjectState::Missing => f.write_str("missing"),
+            ObjectState::Different(why) => write!(f, "differs: {why}"),
+        }
+    }
+}
+
+/// One queue or exchange and what the broker has for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopologyProblem {
-    /// The subscriber that needs it.
+pub struct CheckedObject {
+    /// Whose topology needs it: the subscriber's handler name in a worker check, the work
+    /// queue in [`Topology::check`].
     pub subscriber: String,
-    /// The object (`work queue "orders"`).
-    pub object: String,
-    /// What is wrong, with the broker's words (`missing: NOT_FOUND - no queue ...`).
-    pub issue: String,
+    /// What it is, for example `work queue "orders"`.
+    pub what: String,
+    /// What the broker has.
+    pub state: ObjectState,
+}
+
+/// The result of [`Topology::check`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopologyReport {
+    /// Every queue and exchange of the topology, in declaration order.
+    pub objects: Vec<CheckedObject>,
+    /// Bindings the check could not look at: AMQP has no passive binding check, and
+    /// binding to look would create the binding.
+    pub unchecked_bindings: Vec<String>,
 }
 
 impl TopologyReport {
-    /// True when nothing is missing or different.
+    /// True when every object is present as expected.
     pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
+        self.objects.iter().all(|o| o.state == ObjectState::Present)
+    }
+
+    /// The objects that are missing or different.
+    pub fn problems(&self) -> impl Iterator<Item = &CheckedObject> {
+        self.objects
+            .iter()
+            .filter(|o| o.state != ObjectState::Present)
+    }
+
+    /// The objects found as expected.
+    pub fn present(&self) -> impl Iterator<Item = &CheckedObject> {
+        self.objects
+            .iter()
+            .filter(|o| o.state == ObjectState::Present)
     }
 }
 
@@ -41,184 +85,244 @@ impl std::fmt::Display for TopologyReport {
         write!(
             f,
             "topology check: {} objects as expected, {} problems",
-            self.ok.len(),
-            self.problems.len()
+            self.present().count(),
+            self.problems().count()
         )?;
-        for p in &self.problems {
-            write!(f, "\n  {}: {}: {}", p.subscriber, p.object, p.issue)?;
+        for p in self.problems() {
+            write!(f, "\n  {}: {}: {}", p.subscriber, p.what, p.state)?;
         }
         Ok(())
     }
 }
 
-enum Expect {
-    Exchange(String, ExchangeKind),
-    Queue(String, FieldTable),
+/// A queue or an exchange to look for.
+struct Object {
+    what: String,
+    name: String,
+    /// `None` for a queue.
+    exchange: Option<ExchangeKind>,
+    arguments: FieldTable,
 }
 
 impl Topology {
-    /// Checks every exchange and queue of this topology on `conn`, adding to `report`.
-    /// Bindings are not checked: AMQP has no passive form of `queue.bind`.
-    pub(crate) async fn check(
+    /// Looks for every queue and exchange of this topology on the broker, creating nothing.
+    ///
+    /// Each object is first declared passively: `404 NOT_FOUND` is [`ObjectState::Missing`].
+    /// An object that exists is declared again with the expected kind and arguments, which
+    /// the broker answers with `406 PRECONDITION_FAILED` when they differ
+    /// ([`ObjectState::Different`]) and otherwise leaves as it is. Bindings are listed in
+    /// [`TopologyReport::unchecked_bindings`]. Refused topologies ([`Topology::validate`])
+    /// and broker errors other than those two are an `Err`.
+    pub async fn check(&self, connection: &ConnectionConfig) -> Result<TopologyReport> {
+        self.validate()?;
+        let connector = Connector::new(
+            connection.clone(),
+            format!("rabbitkit-topology-check {}", self.queue),
+        )?;
+        let conn = connector.get(CONNECT_WAIT).await?;
+        let checked = self.check_on(&conn.conn, &self.queue).await;
+        connector.close().await;
+        let mut report = TopologyReport {
+            objects: checked?,
+            unchecked_bindings: Vec::new(),
+        };
+        report.unchecked_bindings = self
+            .bindings
+            .iter()
+            .filter(|b| !b.exchange.is_empty())
+            .map(|b| format!("{:?} → {:?} ({:?})", b.exchange, self.queue, b.routing_key))
+            .collect();
+        Ok(report)
+    }
+
+    /// Checks every exchange and queue on `conn` (see [`Topology::check`]), naming
+    /// `subscriber` as the one that needs them.
+    pub(crate) async fn check_on(
         &self,
         conn: &Connection,
         subscriber: &str,
-        report: &mut TopologyReport,
-    ) -> Result<()> {
+    ) -> Result<Vec<CheckedObject>> {
         self.validate()?;
+        let mut out = Vec::new();
+        for o in self.objects()? {
+            let state = probe(conn, &o).await?;
+            out.push(CheckedObject {
+                subscriber: subscriber.to_owned(),
+                what: o.what,
+                state,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Declares this topology ([`Topology::apply`] in `Declare` mode) on a connection of its
+    /// own, closed afterwards.
+    pub async fn declare(&self, connection: &ConnectionConfig) -> Result<()> {
+        self.validate()?;
+        let connector = Connector::new(
+            connection.clone(),
+            format!("rabbitkit-topology-apply {}", self.queue),
+        )?;
+        let conn = connector.get(CONNECT_WAIT).await?;
+        let result = match conn.conn.create_channel().await {
+            Ok(ch) => {
+                let r = self.apply(&ch, TopologyMode::Declare).await;
+                let _ = ch.close(200, "rabbitkit topology apply".into()).await;
+                r
+            }
+            Err(e) => Err(Error::amqp(e)),
+        };
+        connector.close().await;
+        result
+    }
+
+    /// The objects [`Topology::apply`] declares, in its order.
+    fn objects(&self) -> Result<Vec<Object>> {
         let kind = exchange_kind(&self.exchange_kind)?;
-        let mut expected = Vec::new();
+        let mut out: Vec<Object> = Vec::new();
         for b in &self.bindings {
-            let named = format!("exchange {:?}", b.exchange);
-            if b.exchange.is_empty()
-                || b.exchange.starts_with("amq.")
-                || expected.iter().any(|(n, _)| *n == named)
-            {
+            let skip = b.exchange.is_empty() || b.exchange.starts_with("amq.");
+            if skip || out.iter().any(|o| o.name == b.exchange) {
                 continue;
             }
-            expected.push((named, Expect::Exchange(b.exchange.clone(), kind.clone())));
+            out.push(Object {
+                what: format!("exchange {:?} ({})", b.exchange, self.exchange_kind),
+                name: b.exchange.clone(),
+                exchange: Some(kind.clone()),
+                arguments: FieldTable::default(),
+            });
         }
         let parking = self.parking_queue();
-        expected.push((
-            format!("parking queue {parking:?}"),
-            Expect::Queue(parking, FieldTable::default()),
-        ));
-        expected.push((
-            format!("work queue {:?}", self.queue),
-            Expect::Queue(self.queue.clone(), self.work_arguments()),
-        ));
+        out.push(Object {
+            what: format!("parking queue {parking:?}"),
+            name: parking,
+            exchange: None,
+            arguments: FieldTable::default(),
+        });
+        out.push(Object {
+            what: format!("work queue {:?}", self.queue),
+            name: self.queue.clone(),
+            exchange: None,
+            arguments: self.work_arguments(),
+        });
         if !self.tiers.is_empty() {
             let rx = self.retry_exchange();
-            expected.push((
-                format!("retry exchange {rx:?}"),
-                Expect::Exchange(rx, ExchangeKind::Direct),
-            ));
-            for t in retry_dedup(&self.tiers) {
-                let name = retry::tier_queue(&self.queue, t);
-                expected.push((
-                    format!("retry tier {name:?}"),
-                    Expect::Queue(name, self.tier_arguments(t)),
-                ));
+            out.push(Object {
+                what: format!("retry exchange {rx:?} (direct)"),
+                name: rx,
+                exchange: Some(ExchangeKind::Direct),
+                arguments: FieldTable::default(),
+            });
+            for t in super::retry_dedup(&self.tiers) {
+                let name = crate::retry::tier_queue(&self.queue, t);
+                out.push(Object {
+                    what: format!("retry tier {name:?}"),
+                    name,
+                    exchange: None,
+                    arguments: self.tier_arguments(t),
+                });
             }
         }
-        for (object, e) in expected {
-            match probe(conn, &e).await? {
-                None => report.ok.push(object),
-                Some(issue) => report.problems.push(TopologyProblem {
-                    subscriber: subscriber.to_owned(),
-                    object,
-                    issue,
-                }),
-            }
-        }
-        Ok(())
+        Ok(out)
     }
 }
 
-/// `None` when the object exists as expected, else what is wrong. A failed declare closes
-/// its channel, so each object gets a fresh one.
-async fn probe(conn: &Connection, e: &Expect) -> Result<Option<String>> {
+/// What the broker has for `o`, on a channel of its own (a refused declare closes it).
+async fn probe(conn: &Connection, o: &Object) -> Result<ObjectState> {
+    let state = match declare(conn, o, true).await? {
+        Err(e) if reply_code(&e) == Some(404) => ObjectState::Missing,
+        Err(e) => return Err(Error::amqp(e)),
+        // It exists, so declaring it again with the expected arguments creates nothing.
+        Ok(()) => match declare(conn, o, false).await? {
+            Ok(()) => ObjectState::Present,
+            // The broker names only the first argument that differs: say what was expected.
+            Err(e) if reply_code(&e) == Some(406) => ObjectState::Different(format!(
+                "expected a {}; the broker says {}",
+                expected(o),
+                reply_text(&e)
+            )),
+            Err(e) => return Err(Error::amqp(e)),
+        },
+    };
+    Ok(state)
+}
+
+/// Declares `o` on a fresh channel; the outer `Result` is about the channel itself.
+async fn declare(
+    conn: &Connection,
+    o: &Object,
+    passive: bool,
+) -> Result<std::result::Result<(), lapin::Error>> {
     let ch = conn.create_channel().await.map_err(Error::amqp)?;
-    let declare = |passive: bool| {
-        let ch = ch.clone();
-        async move {
-            match e {
-                Expect::Exchange(name, kind) => ch
-                    .exchange_declare(
-                        name.as_str().into(),
-                        kind.clone(),
-                        ExchangeDeclareOptions {
-                            passive,
-                            durable: true,
-                            ..Default::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map(|_| ()),
-                Expect::Queue(name, args) => ch
-                    .queue_declare(
-                        name.as_str().into(),
-                        QueueDeclareOptions {
-                            passive,
-                            durable: true,
-                            ..Default::default()
-                        },
-                        if passive {
-                            FieldTable::default()
-                        } else {
-                            args.clone()
-                        },
-                    )
-                    .await
-                    .map(|_| ()),
-            }
+    let r = match &o.exchange {
+        Some(kind) => {
+            let opts = ExchangeDeclareOptions {
+                passive,
+                durable: true,
+                ..Default::default()
+            };
+            ch.exchange_declare(
+                o.name.as_str().into(),
+                kind.clone(),
+                opts,
+                o.arguments.clone(),
+            )
+            .await
+        }
+        None => {
+            let opts = QueueDeclareOptions {
+                passive,
+                durable: true,
+                ..Default::default()
+            };
+            ch.queue_declare(o.name.as_str().into(), opts, o.arguments.clone())
+                .await
+                .map(|_| ())
         }
     };
-    if let Err(err) = declare(true).await {
-        let text = broker_words(&err);
-        let verdict = if text.contains("NOT_FOUND") {
-            "missing"
-        } else {
-            "cannot check"
-        };
-        return Ok(Some(format!("{verdict}: {text}")));
+    if r.is_ok() {
+        let _ = ch.close(200, "rabbitkit topology check".into()).await;
     }
-    // A passive declare proves existence only: RabbitMQ compares kind, durability and
-    // arguments (x-queue-type, TTL, dead-lettering) on a full declare alone, which
-    // changes nothing when they are equal and is refused with 406 when they differ. It
-    // runs only on an object the passive declare has just found, so nothing is created
-    // unless someone deletes it in between.
-    let issue = match declare(false).await {
-        Ok(()) => None,
-        // The broker names only the first argument that differs: say what was expected.
-        Err(err) => Some(format!(
-            "differs from the expected {}: {}",
-            expected(e),
-            broker_words(&err)
-        )),
-    };
-    if ch.status().connected() {
-        let _ = ch.close(200, "topology checked".into()).await;
-    }
-    Ok(issue)
+    Ok(r)
 }
 
-/// The broker's reply text (`NOT_FOUND - no queue 'x' in vhost 'v'`) when there is one.
-fn broker_words(err: &lapin::Error) -> String {
-    let text = err.to_string();
-    [
-        "NOT_FOUND - ",
-        "PRECONDITION_FAILED - ",
-        "ACCESS_REFUSED - ",
-    ]
-    .iter()
-    .find_map(|p| text.find(p).map(|i| text[i..].to_owned()))
-    .unwrap_or(text)
+fn reply_code(e: &lapin::Error) -> Option<u16> {
+    match e.kind() {
+        ErrorKind::ProtocolError(a) => Some(a.get_id()),
+        _ => None,
+    }
+}
+
+fn reply_text(e: &lapin::Error) -> String {
+    match e.kind() {
+        ErrorKind::ProtocolError(a) => a.get_message().to_string(),
+        _ => e.to_string(),
+    }
 }
 
 /// `durable queue with x-queue-type = "quorum", x-delivery-limit = 20`.
-fn expected(e: &Expect) -> String {
-    match e {
-        Expect::Exchange(_, kind) => format!("durable {kind:?} exchange").to_lowercase(),
-        Expect::Queue(_, args) if args.inner().is_empty() => "durable queue, no arguments".into(),
-        Expect::Queue(_, args) => {
-            let mut pairs: Vec<String> = args
-                .inner()
-                .iter()
-                .map(|(k, v)| match crate::headers::string(v) {
-                    Some(s) => format!("{k} = {s:?}"),
-                    None => match v {
-                        lapin::types::AMQPValue::LongInt(n) => format!("{k} = {n}"),
-                        other => format!("{k} = {other:?}"),
-                    },
-                })
-                .collect();
-            pairs.sort();
-            if !args.inner().contains_key("x-queue-type") {
-                pairs.insert(0, "classic type".into());
-            }
-            format!("durable queue with {}", pairs.join(", "))
-        }
+fn expected(o: &Object) -> String {
+    if let Some(kind) = &o.exchange {
+        return format!("durable {kind:?} exchange").to_lowercase();
     }
+    if o.arguments.inner().is_empty() {
+        return "durable queue, no arguments".into();
+    }
+    let mut pairs: Vec<String> = o
+        .arguments
+        .inner()
+        .iter()
+        .map(|(k, v)| match crate::headers::string(v) {
+            Some(s) => format!("{k} = {s:?}"),
+            None => match v {
+                lapin::types::AMQPValue::LongInt(n) => format!("{k} = {n}"),
+                other => format!("{k} = {other:?}"),
+            },
+        })
+        .collect();
+    pairs.sort();
+    if !o.arguments.inner().contains_key("x-queue-type") {
+        pairs.insert(0, "classic type".into());
+    }
+    format!("durable queue with {}", pairs.join(", "))
 }

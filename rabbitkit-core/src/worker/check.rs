@@ -10,7 +10,9 @@ impl Worker {
     /// Connects and checks, without declaring anything, that every subscriber's exchanges
     /// and queues exist with the kind and arguments [`Worker::start`] would declare. The
     /// report lists what is missing or differs ([`TopologyReport::is_ok`]); an error means
-    /// the check could not run (bad subscriber, broker unreachable).
+    /// the check could not run (bad subscriber, broker unreachable, a refusal other than
+    /// "missing" or "different"). Bindings are not checked: AMQP has no passive binding
+    /// check.
     pub async fn check_topology(&self) -> Result<TopologyReport> {
         if self.subscribers.is_empty() {
             return Err(Error::Config(
@@ -25,12 +27,16 @@ impl Worker {
         let mut report = TopologyReport::default();
         let mut result = Ok(());
         for s in &self.subscribers {
-            result = s
+            match s
                 .full_topology()
-                .check(&conn.conn, s.handler_name(), &mut report)
-                .await;
-            if result.is_err() {
-                break;
+                .check_on(&conn.conn, s.handler_name())
+                .await
+            {
+                Ok(objects) => report.objects.extend(objects),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
         }
         connector.close().await;

@@ -20,12 +20,12 @@ use serde::Deserialize;
 
 mod check;
 
-pub use check::{TopologyProblem, TopologyReport};
-
 use crate::error::{Error, Result};
 use crate::headers;
 use crate::names;
 use crate::retry;
+
+pub use check::{CheckedObject, ObjectState, TopologyReport};
 
 /// Classic or quorum work queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -8,23 +8,26 @@
 //!
 //! A replayed copy has the failure evidence stripped ([`headers::FAILURE_HEADERS`]), so it
 //! starts again at attempt 1, keeps its original exchange and routing key (the subscriber
-//! restores them), and carries [`headers::REPLAYED`] counting its replays.
+//! restores them), and carries [`headers::REPLAYED`] counting its replays and
+//! [`headers::REPLAY_ID`], the same for every copy made of one parked message in one round
+//! (see [`Parking::replay_with`] for what that and the rest of the replay protect against).
 
-use std::time::Duration;
+mod replay;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
-};
+use lapin::options::{BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
 
 use crate::connection::{ConnectionConfig, Connector};
-use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::headers::{self, XDeath, int, string};
-use crate::publisher::{PublishOutcome, Publisher, PublisherConfig};
+use crate::publisher::{Publisher, PublisherConfig};
 use crate::retry;
+
+pub use replay::{ReplayOptions, ReplayReport};
 
 /// How long one parking operation waits for a connection.
 const CONNECT_WAIT: Duration = Duration::from_secs(15);
@@ -57,14 +60,20 @@ pub struct ParkedMessage {
     pub attempts: Option<i64>,
     /// The handler that failed it.
     pub handler: Option<String>,
+    /// The work queue it was parked from: rabbitkit's source-queue header, or the queue
+    /// of the newest `x-death` entry for messages the broker dead-lettered.
+    pub source_queue: Option<String>,
     /// The exchange it was first published to.
     pub original_exchange: Option<String>,
     /// The routing key it was first published with.
     pub original_routing_key: Option<String>,
-    /// When it first failed (RFC 3339, as recorded).
+    /// When it first failed (RFC 3339, UTC, from the millisecond header).
     pub first_failure_at: Option<String>,
-    /// When it last failed (RFC 3339, as recorded).
+    /// When it last failed (RFC 3339, UTC, from the millisecond header).
     pub last_failure_at: Option<String>,
+    /// When it was parked: its last failure, or for messages the broker dead-lettered the
+    /// time of the newest `x-death` entry. `None` when nothing says.
+    pub parked_at: Option<SystemTime>,
     /// How many times it was replayed before.
     pub replayed: i64,
 }
@@ -91,10 +100,13 @@ impl ParkedMessage {
             error_message: s(headers::ERROR_MESSAGE),
             attempts: headers::get(h, headers::ATTEMPT).and_then(int),
             handler: s(headers::HANDLER),
+            source_queue: s(headers::SOURCE_QUEUE)
+                .or_else(|| x_death.entries.first().map(|e| e.queue.clone())),
             original_exchange,
             original_routing_key,
-            first_failure_at: s(headers::FIRST_FAILURE_AT),
-            last_failure_at: s(headers::LAST_FAILURE_AT),
+            first_failure_at: time_header(h, headers::FIRST_FAILURE_AT).map(rfc3339),
+            last_failure_at: time_header(h, headers::LAST_FAILURE_AT).map(rfc3339),
+            parked_at: time_header(h, headers::LAST_FAILURE_AT).or_else(|| newest_death_time(h)),
             replayed: headers::get(h, headers::REPLAYED)
                 .and_then(int)
                 .unwrap_or(0)
@@ -104,8 +116,43 @@ impl ParkedMessage {
         }
     }
 
+    /// The message id, if it has one.
+    pub fn message_id(&self) -> Option<&str> {
+        self.properties.message_id().as_ref().map(|id| id.as_str())
+    }
+
+    /// How long it has been parked, as of `now` (`None` when the parking time is unknown).
+    pub fn age(&self, now: SystemTime) -> Option<Duration> {
+        self.parked_at
+            .map(|at| now.duration_since(at).unwrap_or(Duration::ZERO))
+    }
+
+    /// The replay id its next replayed copy carries in [`headers::REPLAY_ID`]: a digest of
+    /// the message id and the body, then the replay round (`{digest:016x}.{round}`). Two
+    /// copies made of the same parked message in the same round carry the same id.
+    pub fn replay_id(&self) -> String {
+        format!(
+            "{:016x}.{}",
+            self.content_digest(),
+            self.replayed.saturating_add(1)
+        )
+    }
+
+    /// FNV-1a over message id and body: stable across processes and Rust versions
+    /// (unlike `DefaultHasher`), which a replay id read by other programs needs.
+    fn content_digest(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let id = self.message_id().unwrap_or("");
+        for b in id.bytes().chain([0xff]).chain(self.body.iter().copied()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    }
+
     /// The headers of the replayed copy: failure evidence stripped, original route kept
-    /// (taken from `x-death` when only the broker recorded it), replay count raised.
+    /// (taken from `x-death` when only the broker recorded it), replay count raised, replay
+    /// id set.
     pub fn replay_headers(&self) -> FieldTable {
         let mut map = self
             .properties
@@ -131,8 +178,32 @@ impl ParkedMessage {
             headers::REPLAYED.into(),
             AMQPValue::LongLongInt(self.replayed.saturating_add(1)),
         );
+        table.insert(
+            headers::REPLAY_ID.into(),
+            AMQPValue::LongString(LongString::from(self.replay_id())),
+        );
         table
     }
+}
+
+/// A time header as rabbitkit writes it (milliseconds since the epoch, any integer width).
+fn time_header(h: Option<&FieldTable>, name: &str) -> Option<SystemTime> {
+    let ms = u64::try_from(headers::get(h, name).and_then(int)?).ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_millis(ms))
+}
+
+/// The `time` of the newest `x-death` entry (the broker writes a timestamp in seconds).
+fn newest_death_time(h: Option<&FieldTable>) -> Option<SystemTime> {
+    let AMQPValue::FieldArray(arr) = headers::get(h, "x-death")? else {
+        return None;
+    };
+    let entry = arr.as_slice().first()?.as_field_table()?.inner();
+    let secs = u64::try_from(entry.get("time").and_then(int)?).ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 fn first_death_routing_key(h: Option<&FieldTable>) -> Option<String> {
@@ -145,18 +216,6 @@ fn first_death_routing_key(h: Option<&FieldTable>) -> Option<String> {
         AMQPValue::FieldArray(keys) => keys.as_slice().first().and_then(string),
         _ => None,
     }
-}
-
-/// What a replay did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplayReport {
-    /// Copies confirmed in the work queue; their parked originals acked.
-    pub replayed: u64,
-    /// Messages ready in the parking queue afterwards, as the broker counted them.
-    pub remaining: u32,
-    /// Why the replay stopped early, if it did: the copy was not confirmed (returned,
-    /// nacked, timed out, failed) and the parked original was requeued untouched.
-    pub stopped: Option<String>,
 }
 
 impl Parking {
@@ -183,7 +242,7 @@ impl Parking {
         &self.parking_queue
     }
 
-    async fn channel(&self) -> Result<Channel> {
+    pub(super) async fn channel(&self) -> Result<Channel> {
         let conn = self.connector.get(CONNECT_WAIT).await?;
         conn.conn.create_channel().await.map_err(Error::amqp)
     }
@@ -197,7 +256,7 @@ impl Parking {
         count
     }
 
-    async fn passive_count(&self, ch: &Channel) -> Result<u32> {
+    pub(super) async fn passive_count(&self, ch: &Channel) -> Result<u32> {
         let opts = QueueDeclareOptions {
             passive: true,
             ..QueueDeclareOptions::default()
@@ -219,7 +278,7 @@ impl Parking {
     }
 
     /// Gets one parked message (unacked) with its delivery tag.
-    async fn get_one(&self, ch: &Channel) -> Result<Option<(u64, ParkedMessage)>> {
+    pub(super) async fn get_one(&self, ch: &Channel) -> Result<Option<(u64, ParkedMessage)>> {
         let got = ch
             .basic_get(
                 ShortString::from(self.parking_queue.as_str()),
@@ -262,68 +321,6 @@ impl Parking {
         }
         let _ = ch.close(200, "rabbitkit parking peek".into()).await;
         Ok(out)
-    }
-
-    /// Moves up to `limit` parked messages back to the work queue, oldest first. Each parked
-    /// message is acked only after its copy is confirmed; the first copy that is not
-    /// confirmed stops the replay and its original stays parked.
-    pub async fn replay(&self, limit: usize) -> Result<ReplayReport> {
-        self.replay_matching(limit, |_| true).await
-    }
-
-    /// Like [`Parking::replay`], for the parked messages `select` picks (by reason, error,
-    /// body...). The ones it passes over stay parked, in their order. Looks at most at the
-    /// messages that were parked when the call began.
-    pub async fn replay_matching(
-        &self,
-        limit: usize,
-        mut select: impl FnMut(&ParkedMessage) -> bool,
-    ) -> Result<ReplayReport> {
-        let ch = self.channel().await?;
-        let parked_at_start = self.passive_count(&ch).await?;
-        let mut report = ReplayReport::default();
-        let mut looked = 0u32;
-        while looked < parked_at_start
-            && usize::try_from(report.replayed).unwrap_or(usize::MAX) < limit
-        {
-            let Some((tag, parked)) = self.get_one(&ch).await? else {
-                break;
-            };
-            looked += 1;
-            if !select(&parked) {
-                // Held unacked on this channel; requeued when it closes, in order.
-                continue;
-            }
-            let props = parked
-                .properties
-                .clone()
-                .with_headers(parked.replay_headers());
-            let copy = Envelope::new("", self.work_queue.as_str(), parked.body.clone())
-                .properties(props)
-                .mandatory(true);
-            match self.publisher.publish(copy).await {
-                Ok(PublishOutcome::Confirmed { .. }) => {
-                    ch.basic_ack(tag, BasicAckOptions::default())
-                        .await
-                        .map_err(Error::amqp)?;
-                    report.replayed += 1;
-                }
-                other => {
-                    let why = match other {
-                        Ok(o) => format!("replayed copy not confirmed: {o:?}"),
-                        Err(e) => format!("replayed copy refused: {e}"),
-                    };
-                    tracing::warn!(queue = %self.parking_queue, reason = %why, "replay stopped; message stays parked");
-                    report.stopped = Some(why);
-                    break;
-                }
-            }
-        }
-        // Closing the channel requeues every message still held (passed over, or the one
-        // whose copy was refused), and settles before the count.
-        let _ = ch.close(200, "rabbitkit parking replay".into()).await;
-        report.remaining = self.count().await.unwrap_or(0);
-        Ok(report)
     }
 
     /// Deletes every parked message; returns how many there were. Irreversible.
@@ -422,11 +419,50 @@ mod tests {
         ]);
         let m = ParkedMessage::from_parts(Bytes::new(), p);
         assert_eq!(m.reason.as_deref(), Some("rejected"));
+        assert_eq!(m.source_queue.as_deref(), Some("orders"));
         assert_eq!(m.original_routing_key.as_deref(), Some("order.paid"));
         assert_eq!(m.original_exchange.as_deref(), Some("shop"));
         let h = m.replay_headers();
         assert!(h.inner().get("x-death").is_none());
         assert_replay_route(&h, "order.paid", 3);
+    }
+
+    #[test]
+    fn parking_time_and_replay_id_come_from_the_headers() {
+        let p = props(&[
+            (headers::FIRST_FAILURE_AT, AMQPValue::LongLongInt(1_000)),
+            (headers::LAST_FAILURE_AT, AMQPValue::LongLongInt(61_000)),
+            (headers::REPLAYED, AMQPValue::LongLongInt(1)),
+        ])
+        .with_message_id("m-1".into());
+        let m = ParkedMessage::from_parts(Bytes::from_static(b"body"), p);
+        assert_eq!(
+            m.first_failure_at.as_deref(),
+            Some("1970-01-01T00:00:01.000Z")
+        );
+        let now = UNIX_EPOCH + Duration::from_secs(121);
+        assert_eq!(m.age(now), Some(Duration::from_secs(60)));
+        assert!(m.replay_id().ends_with(".2"), "{}", m.replay_id());
+        // Same id and body, other evidence: same replay id. Other body: another one.
+        let twin = ParkedMessage::from_parts(Bytes::from_static(b"body"), m.properties.clone());
+        assert_eq!(twin.replay_id(), m.replay_id());
+        let other = ParkedMessage::from_parts(Bytes::from_static(b"bodY"), m.properties.clone());
+        assert_ne!(other.replay_id(), m.replay_id());
+        let h = m.replay_headers();
+        assert_eq!(h.inner().get(headers::REPLAY_ID), Some(&ls(&m.replay_id())));
+    }
+
+    #[test]
+    fn broker_dead_lettered_message_is_aged_from_x_death_time() {
+        let mut entry = FieldTable::default();
+        entry.insert("time".into(), AMQPValue::Timestamp(100));
+        let p = props(&[(
+            "x-death",
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(entry)])),
+        )]);
+        let m = ParkedMessage::from_parts(Bytes::new(), p);
+        assert_eq!(m.parked_at, Some(UNIX_EPOCH + Duration::from_secs(100)));
+        assert!(m.age(UNIX_EPOCH).is_some_and(|a| a.is_zero()));
     }
 
     #[test]

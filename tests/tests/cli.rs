@@ -1,0 +1,537 @@
+//! The operator CLI against a real broker, every command run in-process through
+//! `rabbitkit::cli::run` with what it printed and its exit code checked, and the queues
+//! inspected afterwards. Messages are parked by the real runtime.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lapin::BasicProperties;
+use lapin::types::FieldTable;
+use rabbitkit::cli::{EXIT_FAILED, EXIT_OK, EXIT_USAGE};
+use rabbitkit_core::delivery::Delivery;
+use rabbitkit_core::extract::Body;
+use rabbitkit_core::headers;
+use rabbitkit_core::idempotency::{IdempotentLayer, MemoryStore};
+use rabbitkit_core::subscriber::BoxDeliveryService;
+use rabbitkit_core::{Failure, Outcome, RetryPolicy, Subscriber};
+use rabbitkit_tests::{Broker, Got, Vhost, counting_handler, wait_until};
+use tower::ServiceExt;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// What one command did.
+struct Run {
+    code: u8,
+    out: String,
+    err: String,
+}
+
+/// Runs `rabbitkit ARGS --url <vhost>`.
+async fn cli(vh: &Vhost, args: &[&str]) -> Run {
+    let url = vh.url();
+    let mut all = vec!["rabbitkit"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--url", &url]);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = rabbitkit::cli::run(all, &mut out, &mut err).await;
+    let run = Run {
+        code,
+        out: String::from_utf8_lossy(&out).into_owned(),
+        err: String::from_utf8_lossy(&err).into_owned(),
+    };
+    assert!(!run.out.contains("guest:guest") && !run.err.contains("guest:guest"));
+    run
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {}\n{}\n{}", self.code, self.out, self.err)
+    }
+}
+
+/// Parks one message per body with the real runtime: bodies starting with `card` park at
+/// once with error kind `card-declined`, the others run out of attempts (kind `error`).
+/// Published to `shop` / `order.paid` with message ids `m-0`, `m-1`, ...; an `audit`
+/// queue is bound to the same exchange and key, and emptied afterwards.
+async fn park(vh: &Vhost, bodies: &[&str]) {
+    let failing = Subscriber::new("orders", |Body(b): Body| async move {
+        if b.starts_with(b"card") {
+            Outcome::park(Failure::new("card-declined", "bad card"))
+        } else {
+            Outcome::error("ledger offline")
+        }
+    })
+    .bind("shop", "order.*")
+    .retry(RetryPolicy::none());
+    let w = vh.start_worker(failing).await;
+    vh.declare_queue("audit", FieldTable::default()).await;
+    vh.bind("shop", "audit", "order.*").await;
+    for (i, body) in bodies.iter().enumerate() {
+        let props = BasicProperties::default().with_message_id(format!("m-{i}").into());
+        vh.publish_raw("shop", "order.paid", body.as_bytes(), props)
+            .await;
+    }
+    let n = u32::try_from(bodies.len()).unwrap();
+    wait_until(WAIT, "all parked", || async {
+        vh.depth("orders.parking").await == n
+    })
+    .await;
+    w.shutdown().await;
+    vh.purge("audit").await;
+}
+
+fn assert_replayed_copy(g: &Got) {
+    assert_eq!(g.exchange, "", "sent through the default exchange");
+    assert_eq!(g.routing_key, "orders", "to the work queue only");
+    for h in [
+        headers::ERROR_KIND,
+        headers::ERROR_MESSAGE,
+        headers::PARK_REASON,
+        headers::ATTEMPT,
+        headers::LAST_FAILURE_AT,
+    ] {
+        assert!(g.header(h).is_none(), "{h} stripped");
+    }
+    assert_eq!(g.header_int(headers::REPLAYED), Some(1), "replay mark");
+    assert!(
+        g.header_str(headers::REPLAY_ID)
+            .is_some_and(|id| id.ends_with(".1"))
+    );
+    assert_eq!(
+        g.header_str(headers::ORIGINAL_ROUTING_KEY).as_deref(),
+        Some("order.paid")
+    );
+}
+
+fn message_ids(got: &[Got]) -> Vec<String> {
+    got.iter()
+        .map(|g| {
+            g.properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn list_and_show_describe_parked_messages_and_leave_them_parked() {
+    let vh = Broker::from_env().vhost("cli-list");
+    park(&vh, &["body-0", "card-1", "body-2"]).await;
+
+    let r = cli(&vh, &["parking", "list", "orders"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.starts_with("orders.parking: 3 parked\n"), "{r:?}");
+    let lines: Vec<_> = r.out.lines().skip(1).collect();
+    assert_eq!(lines.len(), 3, "{r:?}");
+    assert!(
+        lines[0].starts_with("m-0  reason=max-attempts kind=error attempts=1 age="),
+        "{r:?}"
+    );
+    assert!(
+        lines[1].starts_with("m-1  reason=handler kind=card-declined attempts=1 age="),
+        "{r:?}"
+    );
+    assert!(
+        lines.iter().all(|l| l.ends_with("routing-key=order.paid")),
+        "{r:?}"
+    );
+
+    let r = cli(&vh, &["parking", "list", "orders", "--limit", "1"]).await;
+    assert!(r.out.contains("... 2 more not shown"), "{r:?}");
+
+    let r = cli(&vh, &["parking", "show", "orders", "--message-id", "m-1"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.out.contains("header x-rabbitkit-error-message: bad card"),
+        "{r:?}"
+    );
+    assert!(r.out.contains("header x-rabbitkit-attempt: 1"), "{r:?}");
+    assert!(r.out.contains("property message-id: m-1"), "{r:?}");
+    assert!(r.out.contains("body (6 bytes): card-1"), "{r:?}");
+    assert!(!r.out.contains("body-0"), "only the asked message: {r:?}");
+
+    let r = cli(&vh, &["parking", "show", "orders", "--body-bytes", "4"]).await;
+    assert!(
+        r.out.starts_with("orders.parking: 3 parked, 3 shown\n"),
+        "{r:?}"
+    );
+    assert_eq!(r.out.matches("--- orders.parking #").count(), 3, "{r:?}");
+    assert!(
+        r.out.contains("body (6 bytes): body ...(2 more bytes)"),
+        "{r:?}"
+    );
+
+    let r = cli(&vh, &["parking", "show", "orders", "--message-id", "nope"]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(
+        r.err.contains("no message with id \"nope\" among the 3"),
+        "{r:?}"
+    );
+
+    assert_eq!(
+        vh.depth("orders.parking").await,
+        3,
+        "reading removed nothing"
+    );
+    let bodies: Vec<_> = vh.get_all("orders.parking", 10).await;
+    assert_eq!(message_ids(&bodies), ["m-0", "m-1", "m-2"], "order kept");
+
+    let r = cli(&vh, &["parking", "list", "missing"]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(r.err.contains("missing.parking is not there"), "{r:?}");
+    assert!(r.err.contains("guest:***@"), "redacted URL: {r:?}");
+}
+
+#[tokio::test]
+async fn replay_filters_move_only_matching_messages_and_only_to_the_work_queue() {
+    let vh = Broker::from_env().vhost("cli-replay");
+    park(&vh, &["body-0", "card-1", "body-2", "card-3"]).await;
+
+    let r = cli(
+        &vh,
+        &[
+            "parking",
+            "replay",
+            "orders",
+            "--error-kind",
+            "card-declined",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.out.starts_with(
+            "2 replayed into orders, 0 duplicates removed, 2 passed over, 2 still parked"
+        ),
+        "{r:?}"
+    );
+    let copies = vh.get_all("orders", 10).await;
+    assert_eq!(message_ids(&copies), ["m-1", "m-3"]);
+    copies.iter().for_each(assert_replayed_copy);
+    assert_eq!(
+        vh.depth("audit").await,
+        0,
+        "not fanned out to other bound queues"
+    );
+
+    // By id, with a limit.
+    let r = cli(
+        &vh,
+        &[
+            "parking",
+            "replay",
+            "orders",
+            "--message-id",
+            "m-2",
+            "--limit",
+            "5",
+        ],
+    )
+    .await;
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    assert_eq!(message_ids(&vh.get_all("orders", 10).await), ["m-2"]);
+
+    // Nothing is that old: a truthful 0, exit 0, and the message stays.
+    let r = cli(&vh, &["parking", "replay", "orders", "--older-than", "1h"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.starts_with("0 replayed"), "{r:?}");
+    let r = cli(&vh, &["parking", "replay", "orders", "--older-than", "1ms"]).await;
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    assert_eq!(message_ids(&vh.get_all("orders", 10).await), ["m-0"]);
+    assert_eq!(vh.depth("orders.parking").await, 0);
+    assert_eq!(vh.depth("audit").await, 0);
+}
+
+#[tokio::test]
+async fn passed_over_messages_stay_parked_unchanged_and_in_order() {
+    let vh = Broker::from_env().vhost("cli-keep");
+    park(&vh, &["body-0", "card-1", "body-2"]).await;
+    let before = vh.get_all("orders.parking", 10).await;
+    for g in &before {
+        vh.publish_raw("", "orders.parking", &g.body, g.properties.clone())
+            .await;
+    }
+    let r = cli(&vh, &["parking", "replay", "orders", "--message-id", "m-1"]).await;
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    let after = vh.get_all("orders.parking", 10).await;
+    assert_eq!(message_ids(&after), ["m-0", "m-2"], "in order");
+    for (a, b) in after
+        .iter()
+        .zip(before.iter().filter(|g| g.body != b"card-1"))
+    {
+        assert_eq!(a.body, b.body);
+        assert_eq!(a.properties.headers(), b.properties.headers(), "untouched");
+    }
+}
+
+#[tokio::test]
+async fn replay_is_idempotent_and_skips_parked_twins() {
+    let vh = Broker::from_env().vhost("cli-twice");
+    park(&vh, &["body-0", "body-1"]).await;
+    // A twin of m-0, as the runtime leaves when the ack of a confirmed parking copy is
+    // lost and the message fails again.
+    let parked = vh.get_all("orders.parking", 10).await;
+    for g in parked.iter().chain(parked.iter().take(1)) {
+        vh.publish_raw("", "orders.parking", &g.body, g.properties.clone())
+            .await;
+    }
+    assert_eq!(vh.depth("orders.parking").await, 3);
+
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.out
+            .starts_with("2 replayed into orders, 1 duplicates removed"),
+        "{r:?}"
+    );
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.starts_with("0 replayed"), "{r:?}");
+
+    let copies = vh.get_all("orders", 10).await;
+    assert_eq!(message_ids(&copies), ["m-0", "m-1"], "one copy each");
+    let ids: Vec<_> = copies
+        .iter()
+        .map(|g| g.header_str(headers::REPLAY_ID).unwrap())
+        .collect();
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(vh.depth("orders.parking").await, 0);
+}
+
+/// The gap replay cannot close alone: a crash between a copy's confirm and the ack leaves
+/// the message parked too. The next replay's copy carries the same message id and replay
+/// id, and a worker with the `Idempotent` layer acks it without a second effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_after_a_lost_replay_ack_is_recognised_and_skipped() {
+    let vh = Broker::from_env().vhost("cli-lost-ack");
+    park(&vh, &["body-0"]).await;
+    // What a crash after the confirm would leave parked: the message as it was.
+    let stale = vh.get_all("orders.parking", 1).await.remove(0);
+    vh.publish_raw("", "orders.parking", &stale.body, stale.properties.clone())
+        .await;
+
+    let effects = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handler = counting_handler(effects.clone());
+    let s2 = seen.clone();
+    let record = tower::layer::layer_fn(move |inner: BoxDeliveryService| {
+        let seen = s2.clone();
+        tower::service_fn(move |d: Delivery| {
+            let (inner, seen) = (inner.clone(), seen.clone());
+            async move {
+                let id = d.header(headers::REPLAY_ID).and_then(headers::string);
+                seen.lock()
+                    .unwrap()
+                    .push((d.message_id().map(str::to_owned), id));
+                inner.oneshot(d).await
+            }
+        })
+    });
+    let store = MemoryStore::new(100, Duration::from_secs(600));
+    let sub = Subscriber::new("orders", handler)
+        .bind("shop", "order.*")
+        .layer(IdempotentLayer::new(store))
+        .layer(record);
+    let w = vh.start_worker(sub).await;
+
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    wait_until(WAIT, "first copy handled", || async {
+        w.stats("orders").unwrap().acked == 1
+    })
+    .await;
+    vh.publish_raw("", "orders.parking", &stale.body, stale.properties.clone())
+        .await;
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    wait_until(WAIT, "second copy acked", || async {
+        w.stats("orders").unwrap().acked == 2
+    })
+    .await;
+    w.shutdown().await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], seen[1], "same message id and replay id: {seen:?}");
+    assert_eq!(seen[0].0.as_deref(), Some("m-0"));
+    assert!(seen[0].1.as_deref().is_some_and(|id| id.ends_with(".1")));
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "no second effect");
+}
+
+#[tokio::test]
+async fn replay_leaves_messages_parked_from_another_work_queue() {
+    let vh = Broker::from_env().vhost("cli-other");
+    park(&vh, &["body-0"]).await;
+    // A message another queue's custom dead-letter arguments sent here.
+    let mut h = FieldTable::default();
+    h.insert(
+        headers::SOURCE_QUEUE.into(),
+        lapin::types::AMQPValue::LongString("billing".into()),
+    );
+    let props = BasicProperties::default()
+        .with_message_id("b-1".into())
+        .with_headers(h);
+    vh.publish_raw("", "orders.parking", b"invoice", props)
+        .await;
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.starts_with("1 replayed"), "{r:?}");
+    assert!(
+        r.out
+            .contains("1 left parked: parked from another work queue"),
+        "{r:?}"
+    );
+    assert_eq!(message_ids(&vh.get_all("orders", 10).await), ["m-0"]);
+    let kept = vh.get_all("orders.parking", 10).await;
+    assert_eq!(message_ids(&kept), ["b-1"]);
+    assert_eq!(
+        kept[0].header_str(headers::SOURCE_QUEUE).as_deref(),
+        Some("billing")
+    );
+}
+
+#[tokio::test]
+async fn replay_rate_limit_spaces_the_copies() {
+    let vh = Broker::from_env().vhost("cli-rate");
+    park(&vh, &["a", "b", "c", "d", "e"]).await;
+    let start = Instant::now();
+    let r = cli(&vh, &["parking", "replay", "orders", "--rate", "10/s"]).await;
+    let elapsed = start.elapsed();
+    assert!(r.out.starts_with("5 replayed"), "{r:?}");
+    // 5 copies at 10/s: the first at once, then one every 100 ms.
+    assert!(elapsed >= Duration::from_millis(400), "{elapsed:?}");
+    assert_eq!(vh.depth("orders").await, 5);
+}
+
+#[tokio::test]
+async fn replay_that_cannot_be_confirmed_exits_non_zero_and_keeps_the_messages() {
+    let vh = Broker::from_env().vhost("cli-refused");
+    park(&vh, &["body-0", "body-1"]).await;
+    vh.delete_queue("orders").await;
+    let r = cli(&vh, &["parking", "replay", "orders"]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(r.out.starts_with("0 replayed"), "{r:?}");
+    assert!(r.err.contains("Returned"), "{r:?}");
+    assert_eq!(vh.depth("orders.parking").await, 2, "nothing lost");
+
+    let r = cli(&vh, &["parking", "replay", "nothing-here"]).await;
+    assert_eq!(
+        r.code, EXIT_FAILED,
+        "a missing parking queue is an error: {r:?}"
+    );
+}
+
+#[tokio::test]
+async fn purge_is_refused_without_yes_and_done_with_it() {
+    let vh = Broker::from_env().vhost("cli-purge");
+    park(&vh, &["body-0", "body-1"]).await;
+    let r = cli(&vh, &["parking", "purge", "orders"]).await;
+    assert_eq!(r.code, EXIT_USAGE, "{r:?}");
+    assert!(
+        r.err.contains("without --yes; nothing was removed"),
+        "{r:?}"
+    );
+    assert_eq!(vh.depth("orders.parking").await, 2);
+    let r = cli(&vh, &["parking", "purge", "orders", "--yes"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert_eq!(r.out, "purged 2 from orders.parking\n");
+    assert_eq!(vh.depth("orders.parking").await, 0);
+}
+
+#[tokio::test]
+async fn topology_check_reports_what_is_missing_declares_nothing_and_passes_after_apply() {
+    let vh = Broker::from_env().vhost("cli-topology");
+    let args = ["orders", "--tiers", "1s,10s", "--bind", "shop=order.*"];
+    let with = |cmd: &'static str| {
+        let mut a = vec!["topology", cmd];
+        a.extend_from_slice(&args);
+        a
+    };
+    let r = cli(&vh, &with("check")).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    for missing in [
+        "MISSING    exchange \"shop\" (topic)",
+        "MISSING    parking queue \"orders.parking\"",
+        "MISSING    work queue \"orders\"",
+        "MISSING    retry exchange \"orders.retry\" (direct)",
+        "MISSING    retry tier \"orders.retry.1s\"",
+        "MISSING    retry tier \"orders.retry.10s\"",
+    ] {
+        assert!(r.out.contains(missing), "{missing}: {r:?}");
+    }
+    assert!(r.err.contains("6 missing or different"), "{r:?}");
+    assert_eq!(vh.try_depth("orders").await, None, "check declared nothing");
+    assert_eq!(vh.try_depth("orders.parking").await, None);
+
+    let r = cli(&vh, &with("apply")).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let r = cli(&vh, &with("check")).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.contains("ok         work queue \"orders\""), "{r:?}");
+    assert!(r.out.contains("unchecked  binding \"shop\""), "{r:?}");
+
+    // The same queue as quorum: the broker's 406 names the difference.
+    let r = cli(&vh, &["topology", "check", "orders", "--quorum"]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(r.out.contains("DIFFERENT  work queue \"orders\""), "{r:?}");
+    assert!(r.out.contains("ok         parking queue"), "{r:?}");
+}
+
+/// `rabbitkit publish --exchange "" --routing-key KEY EXTRA...`.
+async fn publish(vh: &Vhost, key: &str, extra: &[&str]) -> Run {
+    let mut args = vec!["publish", "--exchange", "", "--routing-key", key];
+    args.extend_from_slice(extra);
+    cli(vh, &args).await
+}
+
+#[tokio::test]
+async fn publish_exits_zero_only_when_confirmed() {
+    let vh = Broker::from_env().vhost("cli-publish");
+    vh.declare_queue("inbox", FieldTable::default()).await;
+    let json = [
+        "--body",
+        r#"{"n":1}"#,
+        "--json",
+        "--header",
+        "tenant=acme",
+        "--message-id",
+        "p-1",
+    ];
+    let r = publish(&vh, "inbox", &json).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.starts_with("confirmed: confirmed in"), "{r:?}");
+    assert!(r.out.contains("message id p-1"), "{r:?}");
+
+    let file = std::env::temp_dir().join(format!("rabbitkit-cli-{}.bin", std::process::id()));
+    std::fs::write(&file, b"from a file").unwrap();
+    let path = file.to_string_lossy().into_owned();
+    let r = publish(&vh, "inbox", &["--file", &path]).await;
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+
+    let got = vh.get_all("inbox", 10).await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].body, br#"{"n":1}"#);
+    assert_eq!(got[0].header_str("tenant").as_deref(), Some("acme"));
+    assert_eq!(
+        got[0]
+            .properties
+            .content_type()
+            .as_ref()
+            .map(|c| c.as_str()),
+        Some("application/json")
+    );
+    assert_eq!(got[1].body, b"from a file");
+    assert_eq!(*got[1].properties.delivery_mode(), Some(2), "persistent");
+
+    let r = publish(&vh, "nowhere", &[]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(r.err.contains("not confirmed: returned"), "{r:?}");
+
+    let r = publish(&vh, "inbox", &["--body", "{", "--json"]).await;
+    assert_eq!(r.code, EXIT_USAGE, "{r:?}");
+    assert_eq!(vh.depth("inbox").await, 0, "nothing sent");
+}
