@@ -56,7 +56,8 @@ pub use rabbitkit_core::{
     SubscriberStats, Topology, TopologyMode, Worker, WorkerHandle, WorkerReport,
 };
 pub use rabbitkit_core::{
-    amqp, config, decide, extract, handler, headers, idempotency, parking, retry, topology, worker,
+    amqp, config, decide, extract, handler, headers, idempotency, observe, parking, retry,
+    topology, worker,
 };
 
 #[cfg(feature = "cli")]
