@@ -51,6 +51,10 @@ pub(super) struct Job {
     pub(super) reply: oneshot::Sender<PublishOutcome>,
     pub(super) started: Instant,
     pub(super) deadline: Instant,
+    /// The lane's connection when the lane took the job, its count of resource-alarm
+    /// blocks then, and whether it was blocked then: a job that times out before it is
+    /// written reports whether the connection was blocked at any point while it waited.
+    pub(super) blocks_before: Option<(Arc<Conn>, u64, bool)>,
 }
 
 impl Job {
@@ -226,7 +230,10 @@ impl Lane {
         let mut progress = false;
         while self.rx_open {
             match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(job)) => {
+                Poll::Ready(Some(mut job)) => {
+                    job.blocks_before = self
+                        .conn()
+                        .map(|c| (c.clone(), c.block_count(), c.is_blocked()));
                     self.backlog.push_back(job);
                     progress = true;
                 }
@@ -446,14 +453,32 @@ impl Lane {
             // gets the verdict, the others get an attempt of their own.
             Ok(Err(e)) => self.fail_front(PublishOutcome::Failed(e)),
             Err(_) => {
-                let blocked = self
-                    .last_conn
-                    .as_ref()
-                    .is_some_and(|c| c.is_usable() && c.is_blocked());
+                let blocked = self.backlog.front().is_some_and(|j| self.waited_blocked(j));
                 self.fail_front(PublishOutcome::TimedOut { blocked });
             }
         }
         true
+    }
+
+    /// The current channel's connection, else the one the last channel was opened on.
+    fn conn(&self) -> Option<&Arc<Conn>> {
+        match &self.chan {
+            Chan::Open(open) => Some(&open.conn),
+            _ => self.last_conn.as_ref(),
+        }
+    }
+
+    /// Whether the connection was blocked by a resource alarm at some point while `job`
+    /// waited unwritten: blocked now, or blocked (and maybe unblocked) since it arrived.
+    fn waited_blocked(&self, job: &Job) -> bool {
+        let Some(conn) = self.conn() else {
+            return false;
+        };
+        let now = conn.is_usable() && conn.is_blocked();
+        let since = job.blocks_before.as_ref().is_some_and(|(c, n, then)| {
+            Arc::ptr_eq(c, conn) && (*then || conn.block_count() != *n)
+        });
+        now || since
     }
 
     fn fail_front(&mut self, outcome: PublishOutcome) {
@@ -495,14 +520,11 @@ impl Lane {
             progress = true;
         }
         if self.backlog.front().is_some_and(|j| j.deadline <= now) {
-            let blocked = match &self.chan {
-                Chan::Open(open) => open.conn.is_blocked(),
-                _ => false,
-            };
             let (due, waiting): (Vec<Job>, Vec<Job>) =
                 self.backlog.drain(..).partition(|j| j.deadline <= now);
             self.backlog = waiting.into();
             for job in due {
+                let blocked = self.waited_blocked(&job);
                 self.reply_unwritten(job, PublishOutcome::TimedOut { blocked });
             }
             progress = true;

@@ -238,6 +238,7 @@ impl Publisher {
             reply,
             started,
             deadline: started + shared.cfg.confirm_timeout,
+            blocks_before: None,
         });
         Ok(PendingConfirm { rx })
     }
