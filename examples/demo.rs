@@ -207,7 +207,11 @@ async fn run() -> Result<(), BoxError> {
             work,
             t1 + t2
         );
-        let done = succeeded() == ok + flaky && parked == broken + poison && work + t1 + t2 == 0;
+        // Quiet: every delivery settled (acked), nothing waiting anywhere.
+        let done = succeeded() == ok + flaky
+            && parked == broken + poison
+            && work + t1 + t2 == 0
+            && s.acked == s.consumed;
         if tty {
             print!("\r{line}");
             let _ = std::io::stdout().flush();

@@ -22,7 +22,7 @@
 pub use crate::stats::{CONFIRM_LATENCY, COUNTER_NAMES, HANDLER_DURATION, IN_FLIGHT};
 
 #[cfg(feature = "http")]
-pub(crate) use endpoint::{Endpoint, install_prometheus};
+pub(crate) use endpoint::{Endpoint, bind, install_prometheus};
 
 #[cfg(feature = "http")]
 mod endpoint {
@@ -43,6 +43,10 @@ mod endpoint {
     ];
     /// Largest request head the endpoint reads.
     const MAX_REQUEST: usize = 8 * 1024;
+    /// Connections served at once; more wait in the listen backlog.
+    const MAX_CONNECTIONS: usize = 64;
+    /// How often histogram samples are folded into their buckets between scrapes.
+    const UPKEEP: Duration = Duration::from_secs(5);
 
     static PROMETHEUS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -63,7 +67,23 @@ mod endpoint {
                 let recorder = builder.build_recorder();
                 let handle = recorder.handle();
                 match metrics::set_global_recorder(recorder) {
-                    Ok(()) => Some(handle),
+                    Ok(()) => {
+                        // Histogram samples are buffered until upkeep folds them into
+                        // buckets: without a scrape they would grow without bound.
+                        let h = handle.clone();
+                        let upkeep = std::thread::Builder::new()
+                            .name("rabbitkit-metrics-upkeep".into())
+                            .spawn(move || {
+                                loop {
+                                    std::thread::sleep(UPKEEP);
+                                    h.run_upkeep();
+                                }
+                            });
+                        if let Err(e) = upkeep {
+                            tracing::warn!(error = %e, "no metrics upkeep thread; histograms are folded on scrape only");
+                        }
+                        Some(handle)
+                    }
                     Err(_) => {
                         tracing::warn!(
                             "another metrics recorder is installed; /metrics will not serve rabbitkit's metrics (scrape your recorder)"
@@ -78,29 +98,39 @@ mod endpoint {
     /// Readiness as the endpoint sees it.
     pub(crate) type Ready = Arc<dyn Fn() -> bool + Send + Sync>;
 
-    /// The running endpoint.
+    /// Binds the endpoint's address: done before the worker consumes anything, so a port
+    /// in use fails [`Worker::start`](crate::Worker::start) with nothing processed.
+    pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))
+    }
+
+    /// The running endpoint; dropping it (or [`Endpoint::stop`]) closes the listener and
+    /// every connection it is serving.
     #[derive(Debug)]
     pub(crate) struct Endpoint {
-        pub(crate) addr: SocketAddr,
+        pub(crate) addr: Option<SocketAddr>,
         task: JoinHandle<()>,
     }
 
     impl Endpoint {
-        /// Binds `addr` (a typed error if it cannot) and serves until stopped.
-        pub(crate) async fn start(addr: SocketAddr, ready: Ready) -> Result<Self> {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))?;
-            let addr = listener
-                .local_addr()
-                .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))?;
+        /// Serves on `listener` until stopped.
+        pub(crate) fn serve(listener: TcpListener, ready: Ready) -> Self {
+            let addr = listener.local_addr().ok();
             let metrics = install_prometheus();
-            tracing::info!(%addr, "metrics and health endpoint listening");
+            tracing::info!(?addr, "metrics and health endpoint listening");
             let task = tokio::spawn(serve(listener, ready, metrics));
-            Ok(Self { addr, task })
+            Self { addr, task }
         }
 
         pub(crate) fn stop(&self) {
+            self.task.abort();
+        }
+    }
+
+    impl Drop for Endpoint {
+        fn drop(&mut self) {
             self.task.abort();
         }
     }
@@ -110,7 +140,14 @@ mod endpoint {
         ready: Ready,
         metrics: Option<&'static PrometheusHandle>,
     ) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        // Owned here: when the endpoint stops, the open connections go with it.
+        let mut connections = tokio::task::JoinSet::new();
         loop {
+            while connections.try_join_next().is_some() {}
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
@@ -120,12 +157,13 @@ mod endpoint {
                 }
             };
             let ready = ready.clone();
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let answer =
                     tokio::time::timeout(Duration::from_secs(10), respond(stream, &ready, metrics));
                 if let Ok(Err(e)) = answer.await {
                     tracing::debug!(error = %e, "endpoint request failed");
                 }
+                drop(slot);
             });
         }
     }
@@ -137,7 +175,10 @@ mod endpoint {
     ) -> std::io::Result<()> {
         let mut head = Vec::with_capacity(512);
         let mut chunk = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut scanned = 0;
+        while !head[scanned..].windows(4).any(|w| w == b"\r\n\r\n") {
+            // The end of the head may straddle two reads: look back 3 bytes, not further.
+            scanned = head.len().saturating_sub(3);
             let n = stream.read(&mut chunk).await?;
             if n == 0 {
                 break;

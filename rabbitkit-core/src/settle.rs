@@ -51,16 +51,33 @@ pub(crate) struct Settler {
     /// delivery would otherwise spin the broker and the worker in a hot loop.
     requeue_streak: AtomicU32,
     max_backoff: Duration,
+    /// Flips at the shutdown deadline: from then on nothing waits (stragglers are requeued
+    /// at once).
+    hard_stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Settler {
-    pub(crate) fn new(publisher: Publisher, counters: Arc<Counters>) -> Self {
+    pub(crate) fn new(
+        publisher: Publisher,
+        counters: Arc<Counters>,
+        hard_stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
         Self {
             publisher,
             counters,
             consecutive_failures: AtomicU32::new(0),
             requeue_streak: AtomicU32::new(0),
             max_backoff: Duration::from_secs(5),
+            hard_stop,
+        }
+    }
+
+    /// Waits `pause`, or less when the shutdown deadline passes meanwhile.
+    async fn pause(&self, pause: Duration) {
+        let mut hard = self.hard_stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = hard.wait_for(|stop| *stop) => {}
         }
     }
 
@@ -72,7 +89,7 @@ impl Settler {
             Decision::Requeue => {
                 let streak = self.requeue_streak.fetch_add(1, Ordering::Relaxed);
                 if streak > 0 {
-                    tokio::time::sleep(backoff(streak, self.max_backoff)).await;
+                    self.pause(backoff(streak, self.max_backoff)).await;
                 }
                 self.nack(acker, true).await
             }
@@ -107,7 +124,7 @@ impl Settler {
                     requeue_in = ?pause,
                     "settlement copy not confirmed; the original is NOT acked and will be requeued"
                 );
-                tokio::time::sleep(pause).await;
+                self.pause(pause).await;
                 match self.nack(acker, true).await {
                     SettleReport::ChannelGone => SettleReport::ChannelGone,
                     _ => SettleReport::CopyNotConfirmed(outcome.label().to_owned()),

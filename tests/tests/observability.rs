@@ -155,3 +155,24 @@ async fn readyz_turns_unavailable_when_shutdown_starts() {
     let report = shutdown.await.unwrap();
     assert_eq!(report.subscribers["orders"].acked, 1);
 }
+
+/// A port already in use fails the start before anything is declared or consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_port_fails_the_start_before_anything_is_consumed() {
+    let vh = Broker::from_env().vhost("obs-port");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let sub = Subscriber::new("orders", || async { Ok::<_, BoxError>(()) });
+    let err = Worker::new(ConnectionConfig::new(vh.url()))
+        .http(addr)
+        .subscribe(sub)
+        .start()
+        .await
+        .expect_err("the start must fail");
+    assert!(
+        matches!(err, rabbitkit_core::Error::Config(_))
+            && err.to_string().contains("cannot listen"),
+        "{err}"
+    );
+    assert_eq!(vh.try_depth("orders").await, None, "nothing was declared");
+}

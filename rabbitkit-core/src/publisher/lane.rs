@@ -156,9 +156,10 @@ struct Lane {
     old: Vec<Open>,
     /// Epoch of the current (or next) channel; a new channel is a new epoch.
     epoch: u64,
-    /// The connection the last channel was opened on: whether it is blocked tells a
-    /// channel open that ran out of time because of a resource alarm.
-    last_conn: Option<Arc<Conn>>,
+    /// The connection the last channel open got (set as soon as the connector hands it
+    /// out, before the channel exists): whether it is blocked tells a channel open that
+    /// ran out of time because of a resource alarm.
+    last_conn: Arc<Mutex<Option<Arc<Conn>>>>,
     /// A publish on the current channel timed out: write nothing more on it, drop it once
     /// every other publish on it is reported.
     tainted: bool,
@@ -186,7 +187,7 @@ pub(super) async fn run(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Job>) {
         chan: Chan::None,
         old: Vec::new(),
         epoch: 0,
-        last_conn: None,
+        last_conn: Arc::default(),
         tainted: false,
         writing: None,
         next_seq: 0,
@@ -442,7 +443,6 @@ impl Lane {
         self.chan = Chan::None;
         match result {
             Ok(Ok((conn, channel))) => {
-                self.last_conn = Some(conn.clone());
                 self.chan = Chan::Open(Open {
                     conn,
                     channel: Arc::new(channel),
@@ -452,19 +452,23 @@ impl Lane {
             // The attempt was bounded by the first waiting publish's deadline: that one
             // gets the verdict, the others get an attempt of their own.
             Ok(Err(e)) => self.fail_front(PublishOutcome::Failed(e)),
-            Err(_) => {
-                let blocked = self.backlog.front().is_some_and(|j| self.waited_blocked(j));
-                self.fail_front(PublishOutcome::TimedOut { blocked });
-            }
+            // Out of time: the attempt was bounded by the first waiting publish's deadline,
+            // so that one is due; `expire` reports every due publish, and the others get an
+            // attempt of their own.
+            Err(_) => {}
         }
         true
     }
 
-    /// The current channel's connection, else the one the last channel was opened on.
-    fn conn(&self) -> Option<&Arc<Conn>> {
+    /// The current channel's connection, else the one the last channel open got.
+    fn conn(&self) -> Option<Arc<Conn>> {
         match &self.chan {
-            Chan::Open(open) => Some(&open.conn),
-            _ => self.last_conn.as_ref(),
+            Chan::Open(open) => Some(open.conn.clone()),
+            _ => self
+                .last_conn
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 
@@ -476,7 +480,7 @@ impl Lane {
         };
         let now = conn.is_usable() && conn.is_blocked();
         let since = job.blocks_before.as_ref().is_some_and(|(c, n, then)| {
-            Arc::ptr_eq(c, conn) && (*then || conn.block_count() != *n)
+            Arc::ptr_eq(c, &conn) && (*then || conn.block_count() != *n)
         });
         now || since
     }
@@ -613,7 +617,7 @@ impl Lane {
                 let deadline = front.deadline;
                 self.chan = Chan::Opening(Box::pin(tokio::time::timeout_at(
                     deadline,
-                    open_channel(shared, deadline),
+                    open_channel(shared, deadline, self.last_conn.clone()),
                 )));
                 true
             }
@@ -689,11 +693,16 @@ impl Lane {
     }
 }
 
-async fn open_channel(shared: Arc<Shared>, deadline: Instant) -> Result<(Arc<Conn>, Channel)> {
+async fn open_channel(
+    shared: Arc<Shared>,
+    deadline: Instant,
+    seen: Arc<Mutex<Option<Arc<Conn>>>>,
+) -> Result<(Arc<Conn>, Channel)> {
     let conn = shared
         .connector
         .get(deadline.saturating_duration_since(Instant::now()))
         .await?;
+    *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
     let channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
     channel
         .confirm_select(ConfirmSelectOptions::default())

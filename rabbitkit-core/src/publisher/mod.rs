@@ -155,6 +155,18 @@ impl Publisher {
                 "publisher max-in-flight must be at least 1".into(),
             ));
         }
+        if cfg.max_in_flight > Semaphore::MAX_PERMITS {
+            return Err(Error::Config(format!(
+                "publisher max-in-flight must be at most {}",
+                Semaphore::MAX_PERMITS
+            )));
+        }
+        // A deadline is `now + confirm-timeout`: refuse what would overflow the clock.
+        if cfg.confirm_timeout > Duration::from_secs(365 * 24 * 3600) {
+            return Err(Error::Config(
+                "publisher confirm-timeout must be at most a year".into(),
+            ));
+        }
         if cfg.channels == 0 {
             return Err(Error::Config(
                 "publisher channels must be at least 1".into(),

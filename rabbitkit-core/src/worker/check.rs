@@ -32,7 +32,18 @@ impl Worker {
                 .check_on(&conn.conn, s.handler_name())
                 .await
             {
-                Ok(objects) => report.objects.extend(objects),
+                Ok(objects) => {
+                    report.objects.extend(objects);
+                    let t = s.topology();
+                    report.unchecked_bindings.extend(
+                        t.bindings
+                            .iter()
+                            .filter(|b| !b.exchange.is_empty())
+                            .map(|b| {
+                                format!("{:?} → {:?} ({:?})", b.exchange, t.queue, b.routing_key)
+                            }),
+                    );
+                }
                 Err(e) => {
                     result = Err(e);
                     break;

@@ -57,7 +57,7 @@ impl SubscriberTask {
                 deadline: s.deadline,
                 counters: counters.clone(),
             },
-            settler: Arc::new(Settler::new(publisher, counters)),
+            settler: Arc::new(Settler::new(publisher, counters, hard_stop.clone())),
             extensions,
             hard_stop,
         });

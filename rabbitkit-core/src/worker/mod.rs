@@ -127,9 +127,13 @@ impl Worker {
         let vhost = self.connection.validate()?.vhost;
         // Before anything takes metric handles: they bind to the recorder installed now.
         #[cfg(feature = "http")]
-        if self.http.is_some() {
-            crate::observe::install_prometheus();
-        }
+        let listener = match self.http {
+            Some(addr) => {
+                crate::observe::install_prometheus();
+                Some(crate::observe::bind(addr).await?)
+            }
+            None => None,
+        };
         let consumer = Arc::new(Connector::new(
             self.connection.clone(),
             "rabbitkit-consumer",
@@ -174,26 +178,13 @@ impl Worker {
         }
         let stopping = Arc::new(AtomicBool::new(false));
         #[cfg(feature = "http")]
-        let endpoint = match self.http {
-            Some(addr) => {
-                let (ready, stopping) = (ready.clone(), stopping.clone());
-                let is_ready = Arc::new(move || {
-                    !stopping.load(Ordering::Acquire)
-                        && ready.iter().all(|r| r.load(Ordering::Acquire))
-                });
-                match crate::observe::Endpoint::start(addr, is_ready).await {
-                    Ok(e) => Some(e),
-                    Err(e) => {
-                        let _ = stop_tx.send(true);
-                        let _ = hard_tx.send(true);
-                        publisher.close(Duration::from_secs(5)).await;
-                        consumer.close().await;
-                        return Err(e);
-                    }
-                }
-            }
-            None => None,
-        };
+        let endpoint = listener.map(|listener| {
+            let (ready, stopping) = (ready.clone(), stopping.clone());
+            let is_ready = Arc::new(move || {
+                !stopping.load(Ordering::Acquire) && ready.iter().all(|r| r.load(Ordering::Acquire))
+            });
+            crate::observe::Endpoint::serve(listener, is_ready)
+        });
         Ok(WorkerHandle {
             stopping,
             #[cfg(feature = "http")]
@@ -249,7 +240,7 @@ impl WorkerHandle {
     /// The address the HTTP endpoint listens on, when [`Worker::http`] was set.
     #[cfg(feature = "http")]
     pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
-        self.endpoint.as_ref().map(|e| e.addr)
+        self.endpoint.as_ref().and_then(|e| e.addr)
     }
 
     /// The publisher the worker settles with (handlers get it as `State<Publisher>`).
