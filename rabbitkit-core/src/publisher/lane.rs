@@ -51,10 +51,9 @@ pub(super) struct Job {
     pub(super) reply: oneshot::Sender<PublishOutcome>,
     pub(super) started: Instant,
     pub(super) deadline: Instant,
-    /// The lane's connection when the lane took the job, its count of resource-alarm
-    /// blocks then, and whether it was blocked then: a job that times out before it is
-    /// written reports whether the connection was blocked at any point while it waited.
-    pub(super) blocks_before: Option<(Arc<Conn>, u64, bool)>,
+    /// The lane's connection when the lane took the job: a job that times out before it
+    /// is written reports whether that connection was blocked while it waited.
+    pub(super) blocks_before: Option<BlockWatch>,
 }
 
 impl Job {
@@ -100,14 +99,35 @@ impl Wake for SeqWaker {
     }
 }
 
+/// Whether a connection was blocked by a resource alarm at some point since the watch
+/// began: blocked then, blocked now, or blocked (and unblocked) in between.
+pub(super) struct BlockWatch {
+    conn: Arc<Conn>,
+    blocks: u64,
+    blocked_then: bool,
+}
+
+impl BlockWatch {
+    fn new(conn: Arc<Conn>) -> Self {
+        Self {
+            blocks: conn.block_count(),
+            blocked_then: conn.is_blocked(),
+            conn,
+        }
+    }
+
+    fn seen_blocked(&self) -> bool {
+        self.blocked_then || self.conn.is_blocked() || self.conn.block_count() != self.blocks
+    }
+}
+
 /// A publish written (or being written) on a channel.
 struct Entry {
     epoch: u64,
     id: ShortString,
     started: Instant,
     deadline: Instant,
-    conn: Arc<Conn>,
-    blocks_before: u64,
+    watch: BlockWatch,
     /// `None` once the outcome is reported. An entry reported as timed out stays until its
     /// confirm resolves or its channel is dropped: a late return it carries must still be
     /// filed, and its id stays taken on its channel.
@@ -119,7 +139,7 @@ struct Entry {
 impl Entry {
     fn timed_out(&self) -> PublishOutcome {
         PublishOutcome::TimedOut {
-            blocked: self.conn.is_blocked() || self.conn.block_count() != self.blocks_before,
+            blocked: self.watch.seen_blocked(),
         }
     }
 }
@@ -232,9 +252,7 @@ impl Lane {
         while self.rx_open {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(mut job)) => {
-                    job.blocks_before = self
-                        .conn()
-                        .map(|c| (c.clone(), c.block_count(), c.is_blocked()));
+                    job.blocks_before = self.conn().map(BlockWatch::new);
                     self.backlog.push_back(job);
                     progress = true;
                 }
@@ -479,9 +497,10 @@ impl Lane {
             return false;
         };
         let now = conn.is_usable() && conn.is_blocked();
-        let since = job.blocks_before.as_ref().is_some_and(|(c, n, then)| {
-            Arc::ptr_eq(c, &conn) && (*then || conn.block_count() != *n)
-        });
+        let since = job
+            .blocks_before
+            .as_ref()
+            .is_some_and(|w| Arc::ptr_eq(&w.conn, &conn) && w.seen_blocked());
         now || since
     }
 
@@ -650,8 +669,7 @@ impl Lane {
                         id: key.1.clone(),
                         started: job.started,
                         deadline: job.deadline,
-                        conn: open.conn.clone(),
-                        blocks_before: open.conn.block_count(),
+                        watch: BlockWatch::new(open.conn.clone()),
                         reply: Some((job.reply, job.permit)),
                         confirm: None,
                         waker: Waker::from(Arc::new(SeqWaker {

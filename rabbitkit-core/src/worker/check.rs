@@ -34,15 +34,9 @@ impl Worker {
             {
                 Ok(objects) => {
                     report.objects.extend(objects);
-                    let t = s.topology();
-                    report.unchecked_bindings.extend(
-                        t.bindings
-                            .iter()
-                            .filter(|b| !b.exchange.is_empty())
-                            .map(|b| {
-                                format!("{:?} → {:?} ({:?})", b.exchange, t.queue, b.routing_key)
-                            }),
-                    );
+                    report
+                        .unchecked_bindings
+                        .extend(s.topology().unchecked_bindings());
                 }
                 Err(e) => {
                     result = Err(e);

@@ -176,24 +176,23 @@ impl Worker {
             );
             tasks.push(tokio::spawn(sub.run()));
         }
-        let stopping = Arc::new(AtomicBool::new(false));
+        let readiness = Arc::new(Readiness {
+            stopping: AtomicBool::new(false),
+            consuming: ready,
+        });
         #[cfg(feature = "http")]
         let endpoint = listener.map(|listener| {
-            let (ready, stopping) = (ready.clone(), stopping.clone());
-            let is_ready = Arc::new(move || {
-                !stopping.load(Ordering::Acquire) && ready.iter().all(|r| r.load(Ordering::Acquire))
-            });
-            crate::observe::Endpoint::serve(listener, is_ready)
+            let r = readiness.clone();
+            crate::observe::Endpoint::serve(listener, Arc::new(move || r.is_ready()))
         });
         Ok(WorkerHandle {
-            stopping,
+            readiness,
             #[cfg(feature = "http")]
             endpoint,
             stop: stop_tx,
             hard: hard_tx,
             tasks,
             stats,
-            ready,
             publisher,
             consumer,
             deadline: self.shutdown_deadline,
@@ -201,18 +200,33 @@ impl Worker {
     }
 }
 
+/// Ready = every subscriber consuming and shutdown not started.
+#[derive(Debug)]
+struct Readiness {
+    /// Set when shutdown starts (`/readyz` turns 503).
+    stopping: AtomicBool,
+    /// One flag per subscriber: connected and consuming.
+    consuming: Vec<Arc<AtomicBool>>,
+}
+
+impl Readiness {
+    fn is_ready(&self) -> bool {
+        !self.stopping.load(Ordering::Acquire)
+            && self.consuming.iter().all(|r| r.load(Ordering::Acquire))
+    }
+}
+
 /// A running worker.
 #[derive(Debug)]
 pub struct WorkerHandle {
-    /// Set when shutdown starts (`/readyz` turns 503).
-    stopping: Arc<AtomicBool>,
+    /// What `is_ready` and `/readyz` read.
+    readiness: Arc<Readiness>,
     #[cfg(feature = "http")]
     endpoint: Option<crate::observe::Endpoint>,
     stop: watch::Sender<bool>,
     hard: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     stats: HashMap<String, Arc<Counters>>,
-    ready: Vec<Arc<AtomicBool>>,
     publisher: Publisher,
     consumer: Arc<Connector>,
     deadline: Duration,
@@ -233,8 +247,7 @@ impl WorkerHandle {
 
     /// True when every subscriber is connected and consuming, and shutdown has not started.
     pub fn is_ready(&self) -> bool {
-        !self.stopping.load(Ordering::Acquire)
-            && self.ready.iter().all(|r| r.load(Ordering::Acquire))
+        self.readiness.is_ready()
     }
 
     /// The address the HTTP endpoint listens on, when [`Worker::http`] was set.
@@ -251,7 +264,7 @@ impl WorkerHandle {
     /// Stops consuming, lets in-flight handlers finish and settle within the shutdown
     /// deadline, requeues stragglers, closes both connections.
     pub async fn shutdown(self) -> WorkerReport {
-        self.stopping.store(true, Ordering::Release);
+        self.readiness.stopping.store(true, Ordering::Release);
         let _ = self.stop.send(true);
         let hard = self.hard;
         let deadline = self.deadline;
