@@ -103,29 +103,6 @@ fn init_logging(o: Observability) {
     }
 }
 
-/// Ctrl-C, or SIGTERM (what an orchestrator sends).
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     match run().await {
@@ -157,7 +134,8 @@ async fn run() -> Result<ExitCode, BoxError> {
     let outcome = if args.self_test {
         self_test(&worker, &config, &handlers).await
     } else {
-        shutdown_signal().await;
+        // SIGINT or SIGTERM (what an orchestrator sends): drain, then print the summary.
+        rabbitkit::shutdown_signal().await;
         Ok(())
     };
     let report = worker.shutdown().await;

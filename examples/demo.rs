@@ -32,7 +32,7 @@ use rabbitkit_examples::check;
 use serde::{Deserialize, Serialize};
 
 const QUEUE: &str = "demo.orders";
-const TIERS: [&str; 2] = ["demo.orders.retry.500ms", "demo.orders.retry.2s"];
+const TIERS: [&str; 2] = ["demo.orders.delay.500ms", "demo.orders.delay.2s"];
 const PARKING: &str = "demo.orders.parking";
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -105,7 +105,7 @@ async fn run() -> Result<(), BoxError> {
         .compact()
         .init();
     let conn_cfg = config.connection.to_connection_config();
-    let url = conn_cfg.url.clone();
+    let url = conn_cfg.urls[0].clone();
     let vhost = conn_cfg.validate()?.vhost;
     let broker = lapin::Connection::connect(&url, Default::default()).await?;
     let admin = broker.create_channel().await?;
@@ -324,7 +324,7 @@ async fn replay(parking: &Parking, conn: &ConnectionConfig) -> Result<usize, Box
         println!("$ rabbitkit {}", args.join(" "));
         let out = std::process::Command::new(cli)
             .args(args)
-            .env("RABBITKIT_URL", &conn.url)
+            .env("RABBITKIT_URL", conn.urls.join(","))
             .output()?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
         check(out.status.success(), "the CLI replay succeeded")?;
@@ -354,13 +354,16 @@ fn metrics_agree(
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
+    // Summed over the other labels: parked has one series per reason.
     let value = |name: &str| {
-        text.lines()
+        let values: Vec<f64> = text
+            .lines()
             .filter(|l| l.split(['{', ' ']).next() == Some(name))
             .filter(|l| l.contains(&format!(r#"queue="{QUEUE}""#)))
             .filter(|l| l.contains(&format!(r#"vhost="{vhost}""#)))
-            .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .map(|v| v as u64)
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() as u64)
     };
     let st = worker.stats(QUEUE).unwrap_or_default();
     let pairs = [

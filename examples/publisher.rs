@@ -52,6 +52,23 @@ async fn main() -> Result<(), BoxError> {
     );
     check(confirmed == 2_000, "all 2000 confirmed")?;
 
+    // One with properties and headers (the README's publisher snippet).
+    use rabbitkit::amqp::AMQPValue;
+    let order = Envelope::json("", inbox::QUEUE, &serde_json::json!({ "id": 7 }))?
+        .message_id("order-7")
+        .correlation_id("checkout-42")
+        .header("tenant", AMQPValue::LongString("acme".into()))
+        .header("priority", AMQPValue::LongInt(2));
+    match publisher.publish(order).await? {
+        PublishOutcome::Confirmed { latency } => println!("order-7 confirmed in {latency:?}"),
+        other => return Err(format!("order-7 not confirmed: {other:?}").into()),
+    }
+    let raw = Envelope::new("", inbox::QUEUE, "plain bytes");
+    check(
+        publisher.publish(raw).await?.is_confirmed(),
+        "a raw envelope is confirmed",
+    )?;
+
     // No queue is bound to this key: with mandatory=true the broker returns it.
     let lost = publisher
         .publish(Envelope::new("", "example.nobody-listens", "hello?"))

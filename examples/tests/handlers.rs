@@ -119,7 +119,7 @@ async fn a_ledger_outage_is_retried_in_the_first_tier_as_attempt_two() -> Result
     assert!(s.is_retry_after(Duration::from_secs(1)), "{s}");
     assert_eq!(s.next_attempt(), Some(2));
     let copy = s.copy().ok_or("no retry copy")?;
-    assert_eq!(copy.routing_key(), "payments.retry.1s");
+    assert_eq!(copy.routing_key(), "payments.delay.1s");
     assert_eq!(
         s.header_str(headers::ERROR_MESSAGE).as_deref(),
         Some("ledger unavailable")

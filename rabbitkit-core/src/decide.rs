@@ -1,7 +1,7 @@
 //! The settlement decision: outcome + delivery + policy → what to do with the original.
 //!
-//! Pure code, shared by the runtime and tests (a broker-free test kit is planned), so a handler test that
-//! passes means production settles the same way.
+//! Pure code, shared by the runtime and the broker-free test kit (`testing`), so a handler
+//! test that passes means production settles the same way.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,6 +16,7 @@ use crate::names;
 use crate::outcome::{Classify, ErrorClass, Failure, Outcome};
 use crate::policy::{AckPolicy, ManualFallback};
 use crate::retry::{self, RetryPolicy, RetryStep};
+use crate::topology::QueueType;
 
 /// What a subscriber's settlement depends on.
 #[derive(Clone)]
@@ -26,12 +27,17 @@ pub struct SettleSpec {
     pub handler: Arc<str>,
     /// The retry schedule.
     pub retry: RetryPolicy,
+    /// The type of the delay tiers, which names them (`{q}.delay.5s` quorum,
+    /// `{q}.retry.5s` classic).
+    pub tier_queue_type: QueueType,
     /// The error classifier.
     pub classifier: Arc<dyn Classify>,
     /// The ack policy.
     pub policy: AckPolicy,
     /// The manual-mode fallback.
     pub fallback: ManualFallback,
+    /// Requeues allowed per message; the next requeue parks it (`requeue-limit`).
+    pub requeue_limit: u32,
 }
 
 impl std::fmt::Debug for SettleSpec {
@@ -40,8 +46,10 @@ impl std::fmt::Debug for SettleSpec {
             .field("queue", &self.queue)
             .field("handler", &self.handler)
             .field("retry", &self.retry)
+            .field("tier_queue_type", &self.tier_queue_type)
             .field("policy", &self.policy)
             .field("fallback", &self.fallback)
+            .field("requeue_limit", &self.requeue_limit)
             .finish()
     }
 }
@@ -57,16 +65,34 @@ pub enum ParkReason {
     Decode,
     /// The handler asked to park.
     Handler,
+    /// The message was requeued more times than the requeue limit allows.
+    RequeueLimit,
+    /// Its retry or parking copy can never be published as it is (body or headers too
+    /// large): a trimmed copy was parked.
+    Unpublishable,
 }
 
 impl ParkReason {
-    /// The header value: `max-attempts`, `permanent`, `decode`, `handler`.
+    /// Every reason (the bounded set of the `reason` metric label).
+    pub const ALL: [ParkReason; 6] = [
+        ParkReason::MaxAttempts,
+        ParkReason::Permanent,
+        ParkReason::Decode,
+        ParkReason::Handler,
+        ParkReason::RequeueLimit,
+        ParkReason::Unpublishable,
+    ];
+
+    /// The header value: `max-attempts`, `permanent`, `decode`, `handler`,
+    /// `requeue-limit`, `unpublishable`.
     pub fn as_str(self) -> &'static str {
         match self {
             ParkReason::MaxAttempts => "max-attempts",
             ParkReason::Permanent => "permanent",
             ParkReason::Decode => "decode",
             ParkReason::Handler => "handler",
+            ParkReason::RequeueLimit => "requeue-limit",
+            ParkReason::Unpublishable => "unpublishable",
         }
     }
 }
@@ -150,7 +176,7 @@ pub fn decide(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> Decis
                     "manual handler returned without settling; applying the fallback"
                 );
                 match spec.fallback {
-                    ManualFallback::NackRequeue => Decision::Requeue,
+                    ManualFallback::NackRequeue => requeue(spec, delivery),
                     ManualFallback::Ack => Decision::Ack,
                     ManualFallback::Reject => Decision::Reject,
                     ManualFallback::Auto => auto(spec, delivery, other),
@@ -164,7 +190,7 @@ pub fn decide(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> Decis
 pub(crate) fn auto(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> Decision {
     match outcome {
         Outcome::Ack => Decision::Ack,
-        Outcome::Requeue => Decision::Requeue,
+        Outcome::Requeue => requeue(spec, delivery),
         Outcome::Reject => Decision::Reject,
         // Only a manual handler can have settled; anywhere else the delivery would be left
         // unacked until the channel closes: requeue it, loudly.
@@ -174,7 +200,7 @@ pub(crate) fn auto(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> 
                 queue = %spec.queue,
                 "handler returned Outcome::Settled but is not in manual ack mode; requeueing"
             );
-            Decision::Requeue
+            requeue(spec, delivery)
         }
         Outcome::Retry { after, failure } => retry_or_park(spec, delivery, after, failure),
         Outcome::Park(failure) => {
@@ -186,12 +212,48 @@ pub(crate) fn auto(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> 
             park(spec, delivery, reason, failure)
         }
         Outcome::Error(e) => {
-            let failure = Failure::from_error("error", e.as_ref());
+            // tower's load shedding: the handler never ran, no attempt is spent; the
+            // settler paces repeated requeues.
+            if crate::kind::is_overloaded(&e) {
+                return Decision::Requeue;
+            }
+            let failure = Failure::from_error(spec.classifier.kind(&e), e.as_ref());
             match spec.classifier.classify(&e) {
                 ErrorClass::Retryable => retry_or_park(spec, delivery, None, failure),
                 ErrorClass::Permanent => park(spec, delivery, ParkReason::Permanent, failure),
             }
         }
+    }
+}
+
+/// A requeue, unless the message has been requeued `requeue_limit` times already: then it
+/// is parked, so that nothing loops for ever.
+fn requeue(spec: &SettleSpec, d: &Delivery) -> Decision {
+    let n = d.requeues();
+    if n < spec.requeue_limit {
+        return Decision::Requeue;
+    }
+    let failure = Failure::new(
+        "requeue-limit",
+        format!(
+            "requeued {n} times (limit {}); parked instead of requeued again",
+            spec.requeue_limit
+        ),
+    );
+    match park(spec, d, ParkReason::RequeueLimit, failure) {
+        Decision::Republish {
+            mut copy,
+            kind,
+            failure,
+        } => {
+            copy = copy.header(headers::REQUEUES, AMQPValue::LongLongInt(i64::from(n)));
+            Decision::Republish {
+                copy,
+                kind,
+                failure,
+            }
+        }
+        other => other,
     }
 }
 
@@ -202,10 +264,10 @@ fn retry_or_park(
     failure: Failure,
 ) -> Decision {
     let attempt = d.attempt().number;
-    match spec.retry.next(attempt, after) {
+    match spec.retry.next_for(&failure.kind, attempt, after) {
         RetryStep::Tier(tier) => {
             let next_attempt = attempt.saturating_add(1);
-            let tier_queue = retry::tier_queue(&spec.queue, tier);
+            let tier_queue = retry::tier_queue_of(&spec.queue, tier, spec.tier_queue_type);
             let mut h = evidence(spec, d, &failure);
             h.insert(
                 headers::ATTEMPT.into(),
@@ -222,7 +284,15 @@ fn retry_or_park(
             }
         }
         RetryStep::Exhausted => park(spec, d, ParkReason::MaxAttempts, failure),
+        RetryStep::ParkNow => park(spec, d, ParkReason::Permanent, failure),
     }
+}
+
+/// The decision when deciding itself panicked (a classifier, an error kind or an error's
+/// `Display` is user code): park with the panic as evidence. Runs no user code, so it cannot
+/// panic the same way; requeueing would re-run the handler and panic again, for ever.
+pub(crate) fn park_after_panic(spec: &SettleSpec, d: &Delivery, message: String) -> Decision {
+    park(spec, d, ParkReason::Handler, Failure::panic(message))
 }
 
 fn park(spec: &SettleSpec, d: &Delivery, reason: ParkReason, failure: Failure) -> Decision {
@@ -245,7 +315,9 @@ fn park(spec: &SettleSpec, d: &Delivery, reason: ParkReason, failure: Failure) -
 
 /// The original headers plus rabbitkit's evidence headers.
 fn evidence(spec: &SettleSpec, d: &Delivery, failure: &Failure) -> FieldTable {
-    let mut h = d.headers().cloned().unwrap_or_default();
+    let mut map = d.headers().map(|h| h.inner().clone()).unwrap_or_default();
+    map.retain(|k, _| !headers::BROKER_COUNT_HEADERS.contains(&k.as_str()));
+    let mut h = FieldTable::from(map);
     let now = AMQPValue::LongLongInt(now_millis());
     if !h.contains_key(headers::FIRST_FAILURE_AT) {
         h.insert(headers::FIRST_FAILURE_AT.into(), now.clone());
@@ -330,9 +402,11 @@ mod tests {
             handler: "handle_order".into(),
             retry: RetryPolicy::new([Duration::from_secs(5), Duration::from_secs(30)])
                 .max_attempts(3),
+            tier_queue_type: QueueType::Quorum,
             classifier: Arc::new(DefaultClassifier),
             policy,
             fallback: ManualFallback::NackRequeue,
+            requeue_limit: 20,
         }
     }
 
@@ -352,6 +426,26 @@ mod tests {
 
     fn h<'a>(e: &'a Envelope, name: &str) -> Option<&'a AMQPValue> {
         e.basic_properties().headers().as_ref()?.inner().get(name)
+    }
+
+    #[test]
+    fn copies_drop_the_quorum_queue_counters() {
+        for attempt in [1, 3] {
+            // Attempt 1 makes a retry copy, attempt 3 (the last) a parking copy.
+            let d = Delivery::builder("orders", "{}")
+                .header(headers::DELIVERY_COUNT, AMQPValue::LongLongInt(3))
+                .header(headers::ACQUIRED_COUNT, AMQPValue::ShortShortUInt(7))
+                .attempt(attempt)
+                .build();
+            assert_eq!((d.delivery_count(), d.acquired_count()), (Some(3), Some(7)));
+            let Decision::Republish { copy, .. } =
+                decide(&spec(AckPolicy::Auto), &d, Outcome::error("db down"))
+            else {
+                panic!("expected a copy at attempt {attempt}");
+            };
+            assert_eq!(h(&copy, headers::DELIVERY_COUNT), None);
+            assert_eq!(h(&copy, headers::ACQUIRED_COUNT), None);
+        }
     }
 
     #[test]
@@ -378,7 +472,7 @@ mod tests {
         );
         assert_eq!(failure.message, "db down");
         assert_eq!(copy.exchange_name(), "orders.retry");
-        assert_eq!(copy.routing_key(), "orders.retry.5s");
+        assert_eq!(copy.routing_key(), "orders.delay.5s");
         assert_eq!(h(&copy, headers::ATTEMPT), Some(&AMQPValue::LongLongInt(2)));
         assert_eq!(
             h(&copy, headers::ORIGINAL_ROUTING_KEY),

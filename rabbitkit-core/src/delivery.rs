@@ -37,6 +37,11 @@ impl Extensions {
         self.map.extend(other.map);
     }
 
+    /// Whether a value of the type `id` is stored.
+    pub(crate) fn contains(&self, id: TypeId) -> bool {
+        self.map.contains_key(&id)
+    }
+
     /// The value of type `T`, if stored.
     pub fn get<T: Clone + Send + Sync + 'static>(&self) -> Option<&T> {
         self.map.get(&TypeId::of::<T>())?.downcast_ref::<T>()
@@ -60,6 +65,7 @@ struct Inner {
     properties: BasicProperties,
     queue: Arc<str>,
     attempt: Attempt,
+    requeues: u32,
     extensions: Arc<Extensions>,
     settle: Option<Settle>,
 }
@@ -77,6 +83,7 @@ impl Delivery {
             extensions: Arc::new(Extensions::default()),
             settle: None,
             attempt: None,
+            requeues: 0,
         }
     }
 
@@ -143,6 +150,26 @@ impl Delivery {
         &self.inner.attempt
     }
 
+    /// How many times this message was requeued before this delivery, as far as rabbitkit
+    /// knows (its own count, or the broker's `x-delivery-count`/`x-acquired-count` when
+    /// larger). Past the subscriber's requeue limit a requeue parks the message instead.
+    pub fn requeues(&self) -> u32 {
+        self.inner.requeues
+    }
+
+    /// The quorum queue's `x-delivery-count` of this message, whatever its integer type:
+    /// failed deliveries (on RabbitMQ before 4.3, every requeue). `None` when absent
+    /// (classic queues, first delivery). See [`Attempt::delivery_count`].
+    pub fn delivery_count(&self) -> Option<i64> {
+        self.inner.attempt.delivery_count
+    }
+
+    /// The quorum queue's `x-acquired-count` (RabbitMQ 4.3+): how often the message was
+    /// handed to a consumer before this delivery. `None` when absent.
+    pub fn acquired_count(&self) -> Option<i64> {
+        self.inner.attempt.acquired_count
+    }
+
     /// Shared state.
     pub fn extensions(&self) -> &Extensions {
         &self.inner.extensions
@@ -176,6 +203,7 @@ pub struct DeliveryBuilder {
     extensions: Arc<Extensions>,
     settle: Option<Settle>,
     attempt: Option<u32>,
+    requeues: u32,
 }
 
 impl DeliveryBuilder {
@@ -209,6 +237,13 @@ impl DeliveryBuilder {
     /// Sets the attempt header to `n` (as a retry copy would carry it).
     pub fn attempt(mut self, n: u32) -> Self {
         self.attempt = Some(n);
+        self
+    }
+
+    /// The requeues the message went through before this delivery (see
+    /// [`Delivery::requeues`]).
+    pub fn requeues(mut self, n: u32) -> Self {
+        self.requeues = n;
         self
     }
 
@@ -248,6 +283,7 @@ impl DeliveryBuilder {
                 properties: self.properties,
                 queue: self.queue,
                 attempt,
+                requeues: self.requeues,
                 extensions: self.extensions,
                 settle: self.settle,
             }),

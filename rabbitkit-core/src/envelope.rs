@@ -1,8 +1,5 @@
 //! What is published: exchange, routing key, body and properties.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -147,17 +144,29 @@ impl Envelope {
         self.mandatory
     }
 
+    /// The verdict [`Envelope::prepare`] gives, without building anything when the headers
+    /// are already in the properties (every copy rabbitkit makes): no table is cloned.
+    pub(crate) fn check(&self, max_body: usize, max_properties: usize) -> Result<()> {
+        if !self.headers.is_empty() {
+            return self.clone().prepare(max_body, max_properties).map(|_| ());
+        }
+        names::check("exchange name", &self.exchange)?;
+        names::check("routing key", &self.routing_key)?;
+        check_body(&self.body, max_body)?;
+        let mut size = properties_size(&self.properties);
+        if self.properties.message_id().is_none() {
+            // The id `prepare` generates: a short string of MESSAGE_ID_LEN bytes.
+            size += MESSAGE_ID_LEN + 1;
+        }
+        check_size(size, max_properties)
+    }
+
     /// Validates the envelope and merges the headers into the properties. Everything that
     /// would make lapin panic or the broker close the channel is refused here, typed.
     pub(crate) fn prepare(mut self, max_body: usize, max_properties: usize) -> Result<Prepared> {
         let exchange = names::short("exchange name", &self.exchange)?;
         let routing_key = names::short("routing key", &self.routing_key)?;
-        if self.body.len() > max_body {
-            return Err(Error::BodyTooLarge {
-                size: self.body.len(),
-                max: max_body,
-            });
-        }
+        check_body(&self.body, max_body)?;
         if !self.headers.is_empty() {
             let mut table = self.properties.headers().clone().unwrap_or_default();
             for (name, value) in std::mem::take(&mut self.headers) {
@@ -175,15 +184,7 @@ impl Envelope {
         if self.properties.message_id().is_none() {
             self.properties = self.properties.with_message_id(new_message_id());
         }
-        let size = properties_size(&self.properties);
-        if size > max_properties {
-            return Err(Error::InvalidHeader {
-                name: "(all headers)".into(),
-                reason: format!(
-                    "properties take about {size} bytes, over the {max_properties}-byte frame budget"
-                ),
-            });
-        }
+        check_size(properties_size(&self.properties), max_properties)?;
         Ok(Prepared {
             exchange,
             routing_key,
@@ -202,6 +203,31 @@ pub(crate) struct Prepared {
     pub(crate) body: Bytes,
     pub(crate) properties: BasicProperties,
     pub(crate) mandatory: bool,
+}
+
+/// The length of a generated message id (a hyphenated UUID).
+const MESSAGE_ID_LEN: usize = 36;
+
+fn check_body(body: &Bytes, max_body: usize) -> Result<()> {
+    if body.len() > max_body {
+        return Err(Error::BodyTooLarge {
+            size: body.len(),
+            max: max_body,
+        });
+    }
+    Ok(())
+}
+
+fn check_size(size: usize, max_properties: usize) -> Result<()> {
+    if size > max_properties {
+        return Err(Error::InvalidHeader {
+            name: "(all headers)".into(),
+            reason: format!(
+                "properties take about {size} bytes, over the {max_properties}-byte frame budget"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn clip(mut s: String) -> String {
@@ -284,16 +310,11 @@ fn value_size(v: &AMQPValue) -> usize {
     }
 }
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A process-unique, time-ordered message id: `<unix-micros hex>-<pid hex>-<counter hex>`.
+/// A globally unique, time-ordered message id: a UUIDv7 (`0190f1c2-…`), 48 bits of
+/// milliseconds then 74 random bits, so ids from different hosts and containers never
+/// collide (a pid-based id would: every container is pid 1).
 pub fn new_message_id() -> ShortString {
-    let micros = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros())
-        .unwrap_or(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    ShortString::from(format!("{micros:x}-{:x}-{n:x}", std::process::id()))
+    ShortString::from(uuid::Uuid::now_v7().to_string())
 }
 
 #[cfg(test)]
@@ -313,6 +334,15 @@ mod tests {
     #[test]
     fn message_ids_are_unique() {
         assert_ne!(new_message_id(), new_message_id());
+    }
+
+    #[test]
+    fn generated_ids_are_uuid_v7() {
+        // A pid in the id collides across containers (every one is pid 1): a UUIDv7 has
+        // 74 random bits.
+        let id = new_message_id();
+        let parsed = uuid::Uuid::parse_str(id.as_str()).unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(parsed.get_version_num(), 7, "{id}");
     }
 
     #[test]
@@ -351,6 +381,45 @@ mod tests {
                 .prepare(1024, 4096),
             Err(Error::InvalidHeader { .. })
         ));
+    }
+
+    #[test]
+    fn check_gives_the_verdict_of_prepare() {
+        let verdict = |r: Result<()>| match r {
+            Ok(()) => "ok",
+            Err(Error::InvalidName { .. }) => "name",
+            Err(Error::BodyTooLarge { .. }) => "body",
+            Err(Error::InvalidHeader { .. }) => "header",
+            Err(_) => "other",
+        };
+        let with_table = |len: usize, id: bool| {
+            let mut t = FieldTable::default();
+            t.insert("h".into(), AMQPValue::LongString("y".repeat(len).into()));
+            let mut p = BasicProperties::default().with_headers(t);
+            if id {
+                p = p.with_message_id("m-1".into());
+            }
+            Envelope::new("x", "q", "b").properties(p)
+        };
+        let mut cases = vec![
+            Envelope::new("x".repeat(256), "q", "b"),
+            Envelope::new("", "q".repeat(256), "b"),
+            Envelope::new("", "q", vec![0u8; 2000]),
+            Envelope::new("", "q", "x").header("f", AMQPValue::Double(f64::NAN)),
+            Envelope::new("", "q", "x").header("a", 1i32),
+        ];
+        // Around the properties budget, with and without an id to generate.
+        for len in 3900..4100 {
+            cases.push(with_table(len, true));
+            cases.push(with_table(len, false));
+        }
+        let mut verdicts = std::collections::HashSet::new();
+        for e in cases {
+            let expected = verdict(e.clone().prepare(1024, 4096).map(|_| ()));
+            assert_eq!(verdict(e.check(1024, 4096)), expected, "{e:?}");
+            verdicts.insert(expected);
+        }
+        assert_eq!(verdicts.len(), 4, "{verdicts:?}");
     }
 
     #[test]

@@ -50,6 +50,17 @@ pub enum Error {
     /// A topology is refused before it is declared (it would lose messages).
     #[error("topology refused: {0}")]
     Topology(String),
+    /// A work queue argument that a supported broker refuses at declare time, refused
+    /// before anything is declared.
+    #[error("queue {queue:?}: argument {argument} is refused: {reason}")]
+    QueueArgument {
+        /// The queue the argument was set on.
+        queue: String,
+        /// The argument's name, e.g. `x-queue-mode`.
+        argument: String,
+        /// Why, and what to use instead.
+        reason: String,
+    },
     /// The broker refused a declaration (for example 406 PRECONDITION_FAILED on inequivalent arguments).
     #[error("broker refused to declare {what}: {source}")]
     Declare {
@@ -58,6 +69,39 @@ pub enum Error {
         /// The broker's answer.
         #[source]
         source: BoxError,
+    },
+    /// The parking queue exists but is unavailable: the broker answered its declaration
+    /// with 404 (a classic queue whose node is down, or that did not answer in time).
+    /// Everything else was declared; the worker consumes anyway (see GUARANTEES.md), the
+    /// broker nacks parking copies until the queue is back, and their originals are
+    /// requeued.
+    #[error("parking queue {queue:?} is unavailable: {source}")]
+    ParkingUnavailable {
+        /// The parking queue.
+        queue: String,
+        /// The broker's answer.
+        #[source]
+        source: BoxError,
+    },
+    /// A handler takes `State<T>` but no value of type `T` is registered (on the worker or
+    /// the subscriber): every delivery would be parked.
+    #[error(
+        "subscriber {subscriber:?}: its handler takes State<{type_name}>, but no {type_name} is registered (Worker::state or Subscriber::state)"
+    )]
+    MissingState {
+        /// The subscriber's name.
+        subscriber: String,
+        /// The missing type.
+        type_name: &'static str,
+    },
+    /// A handler takes a `Settle` handle but its subscriber is not in manual ack mode:
+    /// there would be no handle, and every delivery would be requeued.
+    #[error(
+        "subscriber {subscriber:?}: its handler takes a Settle handle, which needs ack policy manual (AckPolicy::Manual, ack = \"manual\")"
+    )]
+    SettleOutsideManual {
+        /// The subscriber's name.
+        subscriber: String,
     },
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
@@ -86,12 +130,60 @@ pub enum Error {
     /// The connection to the broker could not be opened or was lost.
     #[error("broker connection failed: {0}")]
     Connection(#[source] BoxError),
+    /// A node refused the login or the vhost (403 ACCESS_REFUSED: user or password;
+    /// 530 NOT_ALLOWED: no access to the vhost, or no such vhost). Not retried: users and
+    /// permissions are cluster-wide, so every node would refuse.
+    #[error(
+        "access refused by {node}: {reason} (check the user, the password and its permissions on the vhost)"
+    )]
+    AccessRefused {
+        /// `host:port` of the node that refused.
+        node: String,
+        /// The broker's reason (without any password).
+        reason: String,
+    },
+    /// A TLS file (CA, client certificate or key) cannot be read, does not parse, or does
+    /// not fit the others (a key that is not the certificate's). Found at start, before
+    /// anything connects.
+    #[error("TLS file {}: {reason}", file.display())]
+    TlsFile {
+        /// The file.
+        file: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The TLS handshake with a node failed on a certificate: the broker's did not verify
+    /// (unknown CA, a name it is not valid for, expired), or the broker refused the
+    /// client's. Not retried: another try, or another node of the cluster, would fail alike.
+    #[error(
+        "TLS with {node} failed: {reason} (check the CA file, the server name and the client certificate)"
+    )]
+    Tls {
+        /// `host:port` of the node.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// No node answered within the time allowed; each node's last failure is listed.
+    #[error("no broker node reachable after {after:?}: {nodes}")]
+    Unreachable {
+        /// How long the nodes were tried.
+        after: Duration,
+        /// `host:port: reason` of each node tried, `; `-separated.
+        nodes: String,
+    },
     /// No connection was available within the given time.
     #[error("not connected to the broker after {0:?}")]
     NotConnected(Duration),
     /// An AMQP operation failed.
     #[error("amqp operation failed: {0}")]
     Amqp(#[source] BoxError),
+    /// The publisher (or worker) was closed: nothing more is sent.
+    #[error("the {what} is closed")]
+    Closed {
+        /// What was closed.
+        what: &'static str,
+    },
     /// JSON encoding failed.
     #[error("json encoding failed: {0}")]
     Json(#[from] serde_json::Error),

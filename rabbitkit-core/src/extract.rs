@@ -21,6 +21,53 @@ pub trait FromDelivery: Sized {
 
     /// Extracts the value.
     fn from_delivery(delivery: &Delivery) -> Result<Self, Self::Rejection>;
+
+    /// What this extractor needs from the worker to ever succeed (shared state, manual
+    /// mode). Recorded when the handler becomes a subscriber and checked by
+    /// [`Worker::start`](crate::Worker::start), so a wiring mistake is refused at start
+    /// instead of failing every delivery. Nothing by default.
+    fn requirements(requirements: &mut Requirements) {
+        let _ = requirements;
+    }
+}
+
+/// What a handler's extractors need to succeed: the [`State`] types they read and whether
+/// one takes a [`Settle`] handle (manual ack mode).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requirements {
+    states: Vec<(std::any::TypeId, &'static str)>,
+    settle: bool,
+}
+
+impl Requirements {
+    /// A state value of type `T` must be registered.
+    pub fn state<T: 'static>(&mut self) {
+        let id = std::any::TypeId::of::<T>();
+        if !self.states.iter().any(|(t, _)| *t == id) {
+            self.states.push((id, std::any::type_name::<T>()));
+        }
+    }
+
+    /// The subscriber must be in manual ack mode.
+    pub fn settle(&mut self) {
+        self.settle = true;
+    }
+
+    /// Whether a `Settle` handle is taken.
+    pub fn needs_settle(&self) -> bool {
+        self.settle
+    }
+
+    /// The first required state type `present` does not have, by name.
+    pub(crate) fn missing_state(
+        &self,
+        present: impl Fn(std::any::TypeId) -> bool,
+    ) -> Option<&'static str> {
+        self.states
+            .iter()
+            .find(|(id, _)| !present(*id))
+            .map(|(_, name)| *name)
+    }
 }
 
 /// Never happens.
@@ -148,6 +195,10 @@ impl<T: Clone + Send + Sync + 'static> FromDelivery for State<T> {
             .map(State)
             .ok_or(MissingState(std::any::type_name::<T>()))
     }
+
+    fn requirements(r: &mut Requirements) {
+        r.state::<T>();
+    }
 }
 
 /// Asking for a settle handle outside manual ack mode: a wiring bug, requeued for a fixed
@@ -168,6 +219,19 @@ impl FromDelivery for Settle {
     type Rejection = NotManual;
     fn from_delivery(d: &Delivery) -> Result<Self, NotManual> {
         d.settle_handle().cloned().ok_or(NotManual)
+    }
+
+    fn requirements(r: &mut Requirements) {
+        r.settle();
+    }
+}
+
+/// The extraction itself, so the handler decides what a rejection means: `Result<Json<T>,
+/// JsonRejection>` receives a payload that does not decode instead of it being parked.
+impl<T: FromDelivery> FromDelivery for Result<T, T::Rejection> {
+    type Rejection = Infallible;
+    fn from_delivery(d: &Delivery) -> Result<Self, Infallible> {
+        Ok(T::from_delivery(d))
     }
 }
 

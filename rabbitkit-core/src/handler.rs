@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::delivery::Delivery;
-use crate::extract::FromDelivery;
+use crate::extract::{FromDelivery, Requirements};
 use crate::outcome::{IntoOutcome, Outcome};
 
 /// A boxed future of an outcome.
@@ -26,6 +26,11 @@ pub type BoxOutcomeFuture = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 pub trait Handler<Args>: Clone + Send + Sync + 'static {
     /// Runs the handler.
     fn call(&self, delivery: Delivery) -> BoxOutcomeFuture;
+
+    /// What the handler's extractors need ([`FromDelivery::requirements`]).
+    fn requirements(&self) -> Requirements {
+        Requirements::default()
+    }
 }
 
 macro_rules! impl_handler {
@@ -50,6 +55,13 @@ macro_rules! impl_handler {
                 )*
                 let fut = (self)($($t),*);
                 Box::pin(async move { fut.await.into_outcome() })
+            }
+
+            fn requirements(&self) -> Requirements {
+                #[allow(unused_mut)]
+                let mut r = Requirements::default();
+                $( $t::requirements(&mut r); )*
+                r
             }
         }
     };

@@ -35,6 +35,39 @@ pub const REPLAYED: &str = "x-rabbitkit-replayed";
 /// a consumer can recognise a second copy. Kept when the copy is parked again.
 pub const REPLAY_ID: &str = "x-rabbitkit-replay-id";
 
+/// Requeues the message went through before it was parked with reason `requeue-limit`.
+pub const REQUEUES: &str = "x-rabbitkit-requeues";
+
+/// Why the copy could not be published as it was (parked with reason `unpublishable`).
+pub const UNPUBLISHABLE: &str = "x-rabbitkit-unpublishable";
+
+/// Size in bytes of the body dropped from an `unpublishable` parking copy.
+pub const BODY_DROPPED_SIZE: &str = "x-rabbitkit-body-dropped-size";
+
+/// Digest of the body dropped from an `unpublishable` parking copy (`fnv1a64:<hex>`).
+pub const BODY_DIGEST: &str = "x-rabbitkit-body-digest";
+
+/// How many original headers were dropped from an `unpublishable` parking copy.
+pub const HEADERS_DROPPED: &str = "x-rabbitkit-headers-dropped";
+
+/// Set by the publisher only on a mandatory publish whose message id is already awaiting
+/// its confirm on the same channel: a `basic.return` names the message by its properties,
+/// and this token tells two publishes with one id apart. Stripped from every other publish
+/// (a copy of a message that carried one does not inherit it).
+pub const PUBLISH_TOKEN: &str = "x-rabbitkit-publish-token";
+
+/// Quorum queues' count of failed deliveries of this message (reject, lost channel; on
+/// RabbitMQ before 4.3 also `basic.nack` with requeue). Set by the broker on delivery.
+pub const DELIVERY_COUNT: &str = "x-delivery-count";
+/// Quorum queues' count of every hand-out of this message to a consumer (RabbitMQ 4.3+).
+/// Set by the broker on delivery.
+pub const ACQUIRED_COUNT: &str = "x-acquired-count";
+/// Counters a quorum queue writes on delivery. Retry and parking copies drop them: they
+/// describe the original's life in its queue, and a copy that carried them into a queue
+/// that does not overwrite them (a classic one, or a 4.3 quorum queue before any failure)
+/// would show stale counts.
+pub const BROKER_COUNT_HEADERS: &[&str] = &[DELIVERY_COUNT, ACQUIRED_COUNT];
+
 /// Headers that describe a failure; a replay strips them.
 pub const FAILURE_HEADERS: &[&str] = &[
     ERROR_KIND,
@@ -45,6 +78,9 @@ pub const FAILURE_HEADERS: &[&str] = &[
     PARK_REASON,
     RETRY_TIER,
     ATTEMPT,
+    REQUEUES,
+    UNPUBLISHABLE,
+    HEADERS_DROPPED,
     "x-death",
     "x-first-death-exchange",
     "x-first-death-queue",
@@ -145,7 +181,9 @@ impl XDeath {
             .iter()
             .filter(|e| e.reason == reason && pred(&e.queue))
             .map(|e| e.count)
-            .sum()
+            // Forged entries can hold any i64: a plain sum would overflow (a panic in debug
+            // builds, a wrapped negative count in release).
+            .fold(0i64, i64::saturating_add)
     }
 
     /// True when the broker recorded nothing.
@@ -165,8 +203,14 @@ pub struct Attempt {
     pub forged_header: Option<String>,
     /// The broker's `x-death` summary (evidence).
     pub x_death: XDeath,
-    /// Quorum queues' `x-delivery-count` (broker-maintained redelivery count), if present.
+    /// Quorum queues' `x-delivery-count`, if present, whatever its integer type. Up to
+    /// RabbitMQ 4.2 every requeue counts; from 4.3 only failed deliveries (reject, lost
+    /// channel) do, not `basic.nack` with requeue. Evidence only: rabbitkit's own attempt
+    /// header is the authority.
     pub delivery_count: Option<i64>,
+    /// Quorum queues' `x-acquired-count` (RabbitMQ 4.3+): every hand-out to a consumer,
+    /// requeues by `basic.nack` included. `None` before 4.3 and on classic queues.
+    pub acquired_count: Option<i64>,
 }
 
 impl Attempt {
@@ -177,8 +221,7 @@ impl Attempt {
     /// hand cannot make a message retry forever on brokers that count.
     pub fn from_headers(headers: Option<&FieldTable>, work_queue: &str) -> Self {
         let x_death = XDeath::from_headers(headers);
-        let tier_prefix = format!("{work_queue}.retry.");
-        let evidence = x_death.total("expired", |q| q.starts_with(&tier_prefix));
+        let evidence = x_death.total("expired", |q| crate::retry::is_tier_of(q, work_queue));
         let evidence = u32::try_from(evidence.saturating_add(1))
             .unwrap_or(MAX_ATTEMPT)
             .min(MAX_ATTEMPT);
@@ -192,13 +235,13 @@ impl Attempt {
                 None => (None, Some(format!("not an integer: {v:?}"))),
             },
         };
-        let delivery_count = get(headers, "x-delivery-count").and_then(int);
         Self {
             number: own.unwrap_or(1).max(evidence),
             from_header: own.is_some(),
             forged_header: forged,
             x_death,
-            delivery_count,
+            delivery_count: get(headers, DELIVERY_COUNT).and_then(int),
+            acquired_count: get(headers, ACQUIRED_COUNT).and_then(int),
         }
     }
 
@@ -210,6 +253,7 @@ impl Attempt {
             forged_header: None,
             x_death: XDeath::default(),
             delivery_count: None,
+            acquired_count: None,
         }
     }
 }
@@ -247,7 +291,7 @@ mod tests {
         // 4.x restarts x-death at 1: the own header still says 3.
         h.insert(
             "x-death".into(),
-            xdeath(&[("orders.retry.5s", "expired", 1)]),
+            xdeath(&[("orders.delay.5s", "expired", 1)]),
         );
         let a = Attempt::from_headers(Some(&h), "orders");
         assert_eq!(a.number, 3);
@@ -261,8 +305,10 @@ mod tests {
         h.insert(
             "x-death".into(),
             xdeath(&[
-                ("orders.retry.5s", "expired", 4),
-                ("other.retry.5s", "expired", 9),
+                // Quorum and classic (earlier releases) tiers both count.
+                ("orders.delay.5s", "expired", 3),
+                ("orders.retry.30s", "expired", 1),
+                ("other.delay.5s", "expired", 9),
             ]),
         );
         assert_eq!(Attempt::from_headers(Some(&h), "orders").number, 5);
@@ -285,6 +331,31 @@ mod tests {
     }
 
     #[test]
+    fn x_death_counts_past_i64_saturate() {
+        let entry = || {
+            let mut t = FieldTable::default();
+            t.insert(
+                "queue".into(),
+                AMQPValue::LongString("orders.retry.5s".into()),
+            );
+            t.insert("reason".into(), AMQPValue::LongString("expired".into()));
+            t.insert("count".into(), AMQPValue::LongLongInt(i64::MAX));
+            AMQPValue::FieldTable(t)
+        };
+        let mut h = FieldTable::default();
+        h.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![entry(), entry()])),
+        );
+        let x = XDeath::from_headers(Some(&h));
+        assert_eq!(x.total("expired", |_| true), i64::MAX);
+        assert_eq!(
+            Attempt::from_headers(Some(&h), "orders").number,
+            MAX_ATTEMPT
+        );
+    }
+
+    #[test]
     fn malformed_x_death_entries_are_skipped() {
         let mut h = FieldTable::default();
         let mut bad = FieldTable::default();
@@ -299,6 +370,36 @@ mod tests {
         assert!(XDeath::from_headers(Some(&h)).is_empty());
         h.insert("x-death".into(), AMQPValue::LongString("nope".into()));
         assert!(XDeath::from_headers(Some(&h)).is_empty());
+    }
+
+    #[test]
+    fn broker_counts_are_read_whatever_their_integer_type() {
+        let cases = [
+            (AMQPValue::ShortShortInt(3), 3),
+            (AMQPValue::ShortShortUInt(200), 200),
+            (AMQPValue::ShortInt(-2), -2),
+            (AMQPValue::ShortUInt(60_000), 60_000),
+            (AMQPValue::LongInt(70_000), 70_000),
+            (AMQPValue::LongUInt(4_000_000_000), 4_000_000_000),
+            (AMQPValue::LongLongInt(1 << 40), 1 << 40),
+            (AMQPValue::Timestamp(9), 9),
+        ];
+        for (v, want) in cases {
+            let mut h = FieldTable::default();
+            h.insert(DELIVERY_COUNT.into(), v.clone());
+            h.insert(ACQUIRED_COUNT.into(), v.clone());
+            let a = Attempt::from_headers(Some(&h), "orders");
+            assert_eq!(a.delivery_count, Some(want), "{v:?}");
+            assert_eq!(a.acquired_count, Some(want), "{v:?}");
+            // Evidence only: the attempt number does not follow the broker's counts.
+            assert_eq!(a.number, 1, "{v:?}");
+        }
+        let mut h = FieldTable::default();
+        h.insert(DELIVERY_COUNT.into(), AMQPValue::LongString("2".into()));
+        let a = Attempt::from_headers(Some(&h), "orders");
+        assert_eq!((a.delivery_count, a.acquired_count), (None, None));
+        let a = Attempt::from_headers(None, "orders");
+        assert_eq!((a.delivery_count, a.acquired_count), (None, None));
     }
 
     #[test]

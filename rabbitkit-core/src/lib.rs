@@ -1,6 +1,7 @@
 //! Runtime and stable traits of rabbitkit. Users depend on the `rabbitkit` facade crate.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod coalesce;
 pub mod config;
 pub mod connection;
 pub mod decide;
@@ -11,6 +12,7 @@ pub mod extract;
 pub mod handler;
 pub mod headers;
 pub mod idempotency;
+pub mod kind;
 pub mod manual;
 mod names;
 pub mod observe;
@@ -18,18 +20,22 @@ pub mod outcome;
 pub mod parking;
 pub mod policy;
 pub mod publisher;
+mod requeues;
 pub mod retry;
 mod run;
 pub mod settle;
+mod signal;
 mod stats;
 pub mod subscriber;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
 pub mod topology;
+mod trim;
 pub mod worker;
 
-pub use connection::ConnectionConfig;
+pub use coalesce::AckCoalescing;
+pub use connection::{ConnectionConfig, NodeOrder, TlsConfig};
 pub use delivery::Delivery;
 pub use envelope::Envelope;
 pub use error::{BoxError, Error, Result};
@@ -42,6 +48,7 @@ pub use policy::{AckPolicy, ManualFallback};
 pub use publisher::{PendingConfirm, PublishOutcome, Publisher, PublisherConfig, PublisherStats};
 pub use retry::RetryPolicy;
 pub use settle::SettleReport;
+pub use signal::shutdown_signal;
 pub use stats::SubscriberStats;
 pub use subscriber::{IntoSubscriber, Subscriber};
 pub use topology::{QueueType, Topology, TopologyMode, TopologyReport};

@@ -1,22 +1,42 @@
-//! The settle handle of manual ack mode.
+//! The settle handle of manual ack mode, and what a settlement reports.
+//!
+//! The handle knows neither the delivery nor the broker: it forwards the handler's request
+//! to a sink (the worker's pipeline, or the test kit), which knows which delivery it
+//! settles. So the settlement walk stays one-way: run → decide → settle.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::delivery::Delivery;
 use crate::outcome::{Failure, Outcome};
-use crate::settle::SettleReport;
 
-/// Where a settle request goes (the broker in production; a recorder in tests).
+/// What became of a settlement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettleReport {
+    /// The original was acked.
+    Acked,
+    /// A retry copy was confirmed, then the original acked.
+    Retried,
+    /// A parking copy was confirmed, then the original acked.
+    Parked,
+    /// The original was nacked with requeue.
+    Requeued,
+    /// The original was nacked without requeue.
+    Rejected,
+    /// The copy was not confirmed (the label says why); the original was requeued.
+    CopyNotConfirmed(String),
+    /// The channel of the original is gone; the broker will redeliver it.
+    ChannelGone,
+    /// Nothing to do (already settled).
+    Nothing,
+}
+
+/// Where a settle request goes (the broker in production; a recorder in tests). The sink
+/// knows the delivery; after the handler returned it answers [`SettleReport::Nothing`].
 pub(crate) trait SettleSink: Send + Sync + 'static {
-    fn settle(
-        &self,
-        delivery: Delivery,
-        outcome: Outcome,
-    ) -> Pin<Box<dyn Future<Output = SettleReport> + Send + '_>>;
+    fn settle(&self, outcome: Outcome) -> Pin<Box<dyn Future<Output = SettleReport> + Send + '_>>;
 }
 
 /// Settles a delivery by hand (manual ack mode). Settle before the handler returns: once it
@@ -32,8 +52,11 @@ pub struct Settle {
 
 struct Shared {
     sink: Arc<dyn SettleSink>,
-    delivery: Mutex<Option<Delivery>>,
-    settled: AtomicBool,
+    /// Whether a settle (the handler's, or the fallback's claim) was taken. A lock, not a
+    /// flag: the handler's settle hands its request to the sink while holding it, so a
+    /// claim racing a settle from another task sees either nothing or a request the sink
+    /// already holds (and the pipeline waits for), never a settle taken but not yet started.
+    settled: Mutex<bool>,
 }
 
 impl std::fmt::Debug for Settle {
@@ -49,38 +72,26 @@ impl Settle {
         Self {
             shared: Arc::new(Shared {
                 sink,
-                delivery: Mutex::new(None),
-                settled: AtomicBool::new(false),
+                settled: Mutex::new(false),
             }),
         }
     }
 
-    /// Links the delivery (after it is built with this handle inside).
-    pub(crate) fn attach(&self, d: Delivery) {
-        *self
-            .shared
-            .delivery
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(d);
-    }
-
-    /// Breaks the handle ↔ delivery cycle once the handler is done.
-    pub(crate) fn detach(&self) {
-        self.shared
-            .delivery
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-    }
-
     /// Takes the right to settle; false when the handler already settled.
     pub(crate) fn claim(&self) -> bool {
-        !self.shared.settled.swap(true, Ordering::AcqRel)
+        !std::mem::replace(&mut *self.lock(), true)
     }
 
     /// Whether a settle call has been made.
     pub fn is_settled(&self) -> bool {
-        self.shared.settled.load(Ordering::Acquire)
+        *self.lock()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.shared
+            .settled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Acks the delivery.
@@ -114,22 +125,15 @@ impl Settle {
     }
 
     pub(crate) async fn run(&self, outcome: Outcome) -> SettleReport {
-        if self.shared.settled.swap(true, Ordering::AcqRel) {
-            tracing::warn!("delivery settled twice; the second settle is ignored");
-            return SettleReport::Nothing;
-        }
-        let d = self
-            .shared
-            .delivery
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match d {
-            Some(d) => self.shared.sink.settle(d, outcome).await,
-            None => {
-                tracing::warn!("settle after the handler returned: the fallback already applied");
-                SettleReport::Nothing
+        let started = {
+            let mut settled = self.lock();
+            if std::mem::replace(&mut *settled, true) {
+                tracing::warn!("delivery settled twice; the second settle is ignored");
+                return SettleReport::Nothing;
             }
-        }
+            // Starts the settlement (the worker spawns it) before the lock is released.
+            self.shared.sink.settle(outcome)
+        };
+        started.await
     }
 }

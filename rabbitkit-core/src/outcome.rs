@@ -22,7 +22,7 @@ pub enum Outcome {
     },
     /// Park now with this failure as evidence.
     Park(Failure),
-    /// Give the message back to the queue at once (nack with requeue). Not counted as an attempt.
+    /// Give the message back to the queue at once (`basic.reject` with requeue). Not counted as an attempt.
     Requeue,
     /// Reject without requeue: the broker dead-letters it to the parking queue (as `rejected`).
     Reject,
@@ -178,6 +178,14 @@ pub enum ErrorClass {
 pub trait Classify: Send + Sync + 'static {
     /// Classifies `error`.
     fn classify(&self, error: &BoxError) -> ErrorClass;
+
+    /// The kind recorded for `error` (evidence header, logs, replay filters) and used to
+    /// pick a [`RetryPolicy::on_kind`](crate::RetryPolicy::on_kind) policy. The default:
+    /// a [`Kinded`](crate::kind::Kinded) in its chain, `timeout` for tower's `Elapsed`,
+    /// else `error`.
+    fn kind(&self, error: &BoxError) -> Cow<'static, str> {
+        crate::kind::default_kind(error)
+    }
 }
 
 impl<F> Classify for F
@@ -195,14 +203,11 @@ pub struct DefaultClassifier;
 
 impl Classify for DefaultClassifier {
     fn classify(&self, error: &BoxError) -> ErrorClass {
-        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(error.as_ref());
-        while let Some(e) = cur {
-            if e.is::<Permanent>() {
-                return ErrorClass::Permanent;
-            }
-            cur = e.source();
+        if crate::kind::chain(error.as_ref()).any(|e| e.is::<Permanent>()) {
+            ErrorClass::Permanent
+        } else {
+            ErrorClass::Retryable
         }
-        ErrorClass::Retryable
     }
 }
 

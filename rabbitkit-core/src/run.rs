@@ -19,6 +19,38 @@ use crate::policy::AckPolicy;
 use crate::stats::Counters;
 use crate::subscriber::BoxDeliveryService;
 
+/// The delivery a manual-mode sink settles. Set once the delivery is built (the delivery
+/// holds the handle, which holds the sink), cleared when the handler is done: that breaks
+/// the delivery ↔ handle cycle, and a settle arriving later finds nothing to settle.
+#[derive(Debug, Default)]
+pub(crate) struct Link(Mutex<Option<Delivery>>);
+
+impl Link {
+    fn set(&self, d: Option<Delivery>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = d;
+    }
+
+    /// The linked delivery; `None` (with a warning) once the handler has returned.
+    pub(crate) fn get(&self) -> Option<Delivery> {
+        let d = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if d.is_none() {
+            tracing::warn!("settle after the handler returned: the fallback already applied");
+        }
+        d
+    }
+}
+
+/// A sink that settles the delivery it is linked to.
+pub(crate) trait LinkedSink: SettleSink + Sized {
+    fn link(&self) -> &Link;
+}
+
+/// A manual-mode delivery's settle handle and the sink behind it.
+pub(crate) struct Manual<S> {
+    pub(crate) settle: Settle,
+    pub(crate) sink: Arc<S>,
+}
+
 /// One subscriber's handler with what running it depends on.
 pub(crate) struct Runner {
     pub(crate) spec: Arc<SettleSpec>,
@@ -31,17 +63,25 @@ pub(crate) struct Runner {
 impl Runner {
     /// Builds the delivery the handler sees; in manual mode with a settle handle whose
     /// requests go to `sink`, linked to the delivery.
-    pub(crate) fn delivery(
+    pub(crate) fn delivery<S: LinkedSink>(
         &self,
         builder: DeliveryBuilder,
-        sink: impl FnOnce() -> Arc<dyn SettleSink>,
-    ) -> (Delivery, Option<Settle>) {
-        let settle = (self.spec.policy == AckPolicy::Manual).then(|| Settle::new(sink()));
-        let delivery = builder.settle(settle.clone()).build();
-        if let Some(s) = &settle {
-            s.attach(delivery.clone());
+        sink: impl FnOnce() -> Arc<S>,
+    ) -> (Delivery, Option<Manual<S>>) {
+        let manual = (self.spec.policy == AckPolicy::Manual).then(|| {
+            let sink = sink();
+            Manual {
+                settle: Settle::new(sink.clone() as Arc<dyn SettleSink>),
+                sink,
+            }
+        });
+        let delivery = builder
+            .settle(manual.as_ref().map(|m| m.settle.clone()))
+            .build();
+        if let Some(m) = &manual {
+            m.sink.link().set(Some(delivery.clone()));
         }
-        (delivery, settle)
+        (delivery, manual)
     }
 
     /// Runs the handler, re-running retryable failures in-process up to
@@ -57,9 +97,7 @@ impl Runner {
             };
             let manual = self.spec.policy == AckPolicy::Manual;
             if retryable && !manual && immediate < self.spec.retry.immediate_retries {
-                let seed =
-                    delivery.message_id().map_or(0, |m| m.len() as u64) ^ u64::from(immediate);
-                let pause = self.spec.retry.immediate_pause(immediate, seed);
+                let pause = self.spec.retry.immediate_pause(immediate);
                 immediate += 1;
                 tracing::debug!(immediate, ?pause, "immediate retry");
                 tokio::time::sleep(pause).await;
@@ -97,14 +135,15 @@ impl Runner {
         };
         match result {
             Ok(Ok(outcome)) => outcome,
+            // A tower `timeout` layer ran out: a timeout like the subscriber's deadline.
+            Ok(Err(e)) if crate::kind::is_elapsed(&e) => {
+                Counters::inc(&self.counters.timeouts);
+                Outcome::retry(Failure::from_error("timeout", e.as_ref()))
+            }
             Ok(Err(e)) => Outcome::Error(e),
             Err(panic) => {
                 Counters::inc(&self.counters.panics);
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".into());
+                let msg = panic_message(panic.as_ref());
                 tracing::error!(panic = %msg, "handler panicked");
                 Outcome::retry(Failure::panic(msg))
             }
@@ -118,9 +157,9 @@ impl Runner {
         &self,
         delivery: &Delivery,
         outcome: Option<Outcome>,
-        settle: Option<&Settle>,
+        manual: Option<&Manual<impl LinkedSink>>,
     ) -> Decision {
-        let decision = match (outcome, settle) {
+        let decision = match (outcome, manual.map(|m| &m.settle)) {
             (None, Some(s)) if !s.claim() => Decision::Nothing,
             // Shutdown deadline passed: requeue the straggler.
             (None, _) => Decision::Requeue,
@@ -142,9 +181,18 @@ impl Runner {
             }
             (Some(o), None) => decide::decide(&self.spec, delivery, o),
         };
-        if let Some(s) = settle {
-            s.detach();
+        if let Some(m) = manual {
+            m.sink.link().set(None);
         }
         decision
     }
+}
+
+/// The text of a panic payload (`&str` or `String`, as `panic!` makes them).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
 }

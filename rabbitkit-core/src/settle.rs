@@ -11,35 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lapin::Acker;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::options::{BasicAckOptions, BasicRejectOptions};
 
+use crate::coalesce::Original;
 use crate::connection::backoff;
-use crate::decide::{CopyKind, Decision};
+use crate::decide::{CopyKind, Decision, ParkReason};
 use crate::publisher::{PublishOutcome, Publisher};
 use crate::stats::Counters;
 
-/// What became of a settlement.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SettleReport {
-    /// The original was acked.
-    Acked,
-    /// A retry copy was confirmed, then the original acked.
-    Retried,
-    /// A parking copy was confirmed, then the original acked.
-    Parked,
-    /// The original was nacked with requeue.
-    Requeued,
-    /// The original was nacked without requeue.
-    Rejected,
-    /// The copy was not confirmed (the label says why); the original was requeued.
-    CopyNotConfirmed(String),
-    /// The channel of the original is gone; the broker will redeliver it.
-    ChannelGone,
-    /// Nothing to do (already settled).
-    Nothing,
-}
+pub use crate::manual::SettleReport;
 
 /// Settles originals of one subscriber.
 #[derive(Debug)]
@@ -51,9 +31,79 @@ pub(crate) struct Settler {
     /// delivery would otherwise spin the broker and the worker in a hot loop.
     requeue_streak: AtomicU32,
     max_backoff: Duration,
+    /// Requeues per message, so a message requeued again and again is parked at the limit.
+    pub(crate) requeues: crate::requeues::Requeues,
     /// Flips at the shutdown deadline: from then on nothing waits (stragglers are requeued
     /// at once).
     hard_stop: tokio::sync::watch::Receiver<bool>,
+    /// Declares the subscriber's topology again when a copy comes back `Returned` (a tier or
+    /// the parking queue was deleted under the running worker).
+    redeclare: Option<Redeclare>,
+}
+
+/// Re-declares a topology after a `Returned` copy, at most once per [`REDECLARE_EVERY`]:
+/// the original is requeued as for any unconfirmed copy, and its redelivery finds the queue
+/// back instead of being returned until the consumer's channel happens to reopen.
+pub(crate) struct Redeclare {
+    pub(crate) connector: Arc<crate::connection::Connector>,
+    pub(crate) topology: crate::topology::Topology,
+    last: tokio::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// The bound on re-declarations after returned copies.
+const REDECLARE_EVERY: Duration = Duration::from_secs(2);
+
+impl Redeclare {
+    pub(crate) fn new(
+        connector: Arc<crate::connection::Connector>,
+        topology: crate::topology::Topology,
+    ) -> Self {
+        Self {
+            connector,
+            topology,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Declares the topology again unless that was done less than [`REDECLARE_EVERY`] ago.
+    /// Concurrent callers wait for the one declaring and then skip.
+    async fn run(&self) {
+        let mut last = self.last.lock().await;
+        if last.is_some_and(|t| t.elapsed() < REDECLARE_EVERY) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        let declared = async {
+            let conn = self.connector.get(Duration::from_secs(5)).await?;
+            let ch = conn
+                .conn
+                .create_channel()
+                .await
+                .map_err(crate::Error::amqp)?;
+            let r = self
+                .topology
+                .apply(&ch, crate::topology::TopologyMode::Declare)
+                .await;
+            let _ = ch.close(200, "topology declared again".into()).await;
+            r
+        };
+        match declared.await {
+            Ok(()) => {
+                tracing::warn!(queue = %self.topology.queue, "a settlement copy was returned (a tier or the parking queue was missing); topology declared again")
+            }
+            Err(e) => {
+                tracing::warn!(queue = %self.topology.queue, error = %e, "a settlement copy was returned; declaring the topology again failed")
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Redeclare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redeclare")
+            .field("queue", &self.topology.queue)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Settler {
@@ -67,9 +117,17 @@ impl Settler {
             counters,
             consecutive_failures: AtomicU32::new(0),
             requeue_streak: AtomicU32::new(0),
+            requeues: crate::requeues::Requeues::default(),
             max_backoff: Duration::from_secs(5),
             hard_stop,
+            redeclare: None,
         }
+    }
+
+    /// Declares `redeclare`'s topology again when a copy is returned.
+    pub(crate) fn with_redeclare(mut self, redeclare: Redeclare) -> Self {
+        self.redeclare = Some(redeclare);
+        self
     }
 
     /// Waits `pause`, or less when the shutdown deadline passes meanwhile.
@@ -81,40 +139,117 @@ impl Settler {
         }
     }
 
-    pub(crate) async fn execute(&self, decision: Decision, acker: &Acker) -> SettleReport {
+    pub(crate) async fn execute(&self, decision: Decision, original: &Original) -> SettleReport {
         let c = &self.counters;
         match decision {
             Decision::Nothing => SettleReport::Nothing,
-            Decision::Ack => self.ack(acker, SettleReport::Acked).await,
+            Decision::Ack => self.ack(original, SettleReport::Acked).await,
             Decision::Requeue => {
                 let streak = self.requeue_streak.fetch_add(1, Ordering::Relaxed);
                 if streak > 0 {
                     self.pause(backoff(streak, self.max_backoff)).await;
                 }
-                self.nack(acker, true).await
+                self.nack(original, true).await
             }
-            Decision::Reject => self.nack(acker, false).await,
+            Decision::Reject => self.nack(original, false).await,
             Decision::Republish {
                 copy,
                 kind,
                 failure,
             } => {
-                let outcome = match self.publisher.publish(copy).await {
-                    Ok(o) => o,
-                    // An invalid copy (e.g. a header over the frame budget) is not publishable:
-                    // keep the original, visibly.
-                    Err(e) => PublishOutcome::Failed(e),
+                // The original's channel is gone: the broker redelivers it and the
+                // redelivery makes its own copy. Publishing one now would leave a copy and a
+                // redelivery, a sure duplicate.
+                if !original.acker.usable() {
+                    tracing::debug!(copy = ?kind, "the original's channel is gone; no copy (it is redelivered)");
+                    return self.lost(None);
+                }
+                let (copy, kind) = match self.publisher.check(&copy) {
+                    Ok(()) => (copy, kind),
+                    // The body itself is over the publisher's `max_body` (the broker accepted
+                    // it: 3.10 takes up to 128 MiB). A trimmed copy would drop the payload and
+                    // the original would then be acked: the message lost. Reject it instead:
+                    // the broker dead-letters the whole message, body included, to the
+                    // parking queue (x-death reason `rejected`), and nothing loops.
+                    Err(e @ crate::Error::BodyTooLarge { .. }) => {
+                        tracing::error!(
+                            copy = ?kind,
+                            error = %e,
+                            "settlement copy's body is over the publisher's max-body; rejecting the original to the parking queue, body kept"
+                        );
+                        return self.nack(original, false).await;
+                    }
+                    // Refused before sending: it would be refused every time, and requeueing
+                    // would re-run the handler for ever. Park a trimmed copy instead, or, when
+                    // nothing fits, reject to the work queue's dead-letter path (parking).
+                    Err(e) => {
+                        let max_body = self.publisher.config().max_body;
+                        let publisher = &self.publisher;
+                        match crate::trim::parking_copy(&copy, &e, max_body, |t| {
+                            publisher.check(t).is_ok()
+                        }) {
+                            Some(trimmed) => {
+                                tracing::error!(
+                                    copy = ?kind,
+                                    error = %e,
+                                    "settlement copy can never be published as it is; parking a trimmed copy"
+                                );
+                                (
+                                    trimmed,
+                                    CopyKind::Park {
+                                        reason: ParkReason::Unpublishable,
+                                    },
+                                )
+                            }
+                            None => {
+                                tracing::error!(
+                                    copy = ?kind,
+                                    error = %e,
+                                    "settlement copy can never be published; rejecting the original to the dead-letter path"
+                                );
+                                return self.nack(original, false).await;
+                            }
+                        }
+                    }
+                };
+                // Past the shutdown deadline a copy not yet handed to the publisher is not
+                // sent: the original is requeued on its still-open channel. A copy already
+                // handed over gets its verdict (bounded by the confirm timeout, which the
+                // worker's drain waits for) before the channel closes, so a late confirm
+                // never meets a closed channel and a redelivered original.
+                let mut hard = self.hard_stop.clone();
+                let sent = tokio::select! {
+                    biased;
+                    _ = hard.wait_for(|stop| *stop) => None,
+                    r = self.publisher.send(copy) => Some(r),
+                };
+                let outcome = match sent {
+                    None => {
+                        tracing::warn!(copy = ?kind, failure = %failure, "shutdown deadline passed before the copy was sent; requeueing the original");
+                        return self.nack(original, true).await;
+                    }
+                    Some(Ok(pending)) => pending.await,
+                    // Checked above; anything refused here is kept, visibly.
+                    Some(Err(e)) => PublishOutcome::Failed(e),
                 };
                 if outcome.is_confirmed() {
                     self.consecutive_failures.store(0, Ordering::Relaxed);
-                    let (counter, report) = match kind {
-                        CopyKind::Retry { .. } => (&c.retried, SettleReport::Retried),
-                        CopyKind::Park { .. } => (&c.parked, SettleReport::Parked),
+                    let report = match kind {
+                        CopyKind::Retry { .. } => {
+                            Counters::inc(&c.retried);
+                            SettleReport::Retried
+                        }
+                        CopyKind::Park { reason } => {
+                            c.parked(reason);
+                            SettleReport::Parked
+                        }
                     };
-                    Counters::inc(counter);
-                    return self.ack(acker, report).await;
+                    return self.ack(original, report).await;
                 }
                 Counters::inc(&c.settlement_failures);
+                if let (PublishOutcome::Returned { .. }, Some(r)) = (&outcome, &self.redeclare) {
+                    r.run().await;
+                }
                 let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
                 let pause = backoff(n, self.max_backoff);
                 tracing::warn!(
@@ -125,7 +260,7 @@ impl Settler {
                     "settlement copy not confirmed; the original is NOT acked and will be requeued"
                 );
                 self.pause(pause).await;
-                match self.nack(acker, true).await {
+                match self.nack(original, true).await {
                     SettleReport::ChannelGone => SettleReport::ChannelGone,
                     _ => SettleReport::CopyNotConfirmed(outcome.label().to_owned()),
                 }
@@ -133,10 +268,50 @@ impl Settler {
         }
     }
 
-    async fn ack(&self, acker: &Acker, report: SettleReport) -> SettleReport {
-        match acker.ack(BasicAckOptions::default()).await {
+    /// Carries out `decision` for the delivery known as `key` (see [`crate::requeues`]),
+    /// which arrived having been requeued `seen` times, and keeps its requeue count.
+    pub(crate) async fn execute_counted(
+        &self,
+        decision: Decision,
+        original: &Original,
+        key: crate::requeues::Key,
+        seen: u32,
+    ) -> SettleReport {
+        if matches!(decision, Decision::Requeue) {
+            // Counted before the nack: the broker may redeliver before `execute` returns.
+            // A nack that finds its channel gone still brings the message back: it counts.
+            self.requeues.bump(key, seen);
+        }
+        let report = self.execute(decision, original).await;
+        match report {
+            SettleReport::Acked
+            | SettleReport::Retried
+            | SettleReport::Parked
+            | SettleReport::Rejected => self.requeues.forget(key),
+            _ => {}
+        }
+        report
+    }
+
+    /// Acks the original, or holds its ack when acks are coalesced: the channel's ledger
+    /// then sends it (and counts it) within the coalescing bounds.
+    async fn ack(&self, original: &Original, report: SettleReport) -> SettleReport {
+        if original.hold() {
+            self.requeue_streak.store(0, Ordering::Relaxed);
+            return report;
+        }
+        let ack = original.acker.ack(BasicAckOptions::default());
+        #[cfg(feature = "otel")]
+        let ack = tracing::Instrument::instrument(
+            ack,
+            crate::observe::otel::settle_span(&self.counters.queue, "ack"),
+        );
+        let sent = ack.await;
+        original.done();
+        match sent {
             Ok(true) => {
                 Counters::inc(&self.counters.acked);
+                Counters::inc(&self.counters.ack_frames);
                 self.requeue_streak.store(0, Ordering::Relaxed);
                 report
             }
@@ -144,12 +319,22 @@ impl Settler {
         }
     }
 
-    async fn nack(&self, acker: &Acker, requeue: bool) -> SettleReport {
-        let opts = BasicNackOptions {
-            multiple: false,
-            requeue,
-        };
-        match acker.nack(opts).await {
+    /// Gives a delivery back (requeue) or dead-letters it. Sent as `basic.reject`, which
+    /// means the same as a single `basic.nack` except on RabbitMQ 4.3+ quorum queues:
+    /// there a requeue by `basic.nack` no longer counts toward the delivery limit, and one
+    /// by `basic.reject` still does. With reject, the broker's delivery limit bounds a
+    /// requeue loop on every version alike.
+    async fn nack(&self, original: &Original, requeue: bool) -> SettleReport {
+        let reject = original.acker.reject(BasicRejectOptions { requeue });
+        #[cfg(feature = "otel")]
+        let reject = tracing::Instrument::instrument(
+            reject,
+            crate::observe::otel::settle_span(&self.counters.queue, "reject"),
+        );
+        let sent = reject.await;
+        // Written (or its channel gone): a coalesced multiple ack may now pass this tag.
+        original.done();
+        match sent {
             Ok(true) if requeue => {
                 Counters::inc(&self.counters.requeued);
                 SettleReport::Requeued

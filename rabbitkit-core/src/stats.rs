@@ -9,6 +9,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::decide::ParkReason;
+
 /// One count: the atomic the snapshots read and its `metrics` counter.
 pub(crate) struct Count {
     value: AtomicU64,
@@ -25,7 +27,13 @@ impl Count {
     fn new(name: &'static str, labels: &Labels) -> Self {
         Self {
             value: AtomicU64::new(0),
-            metric: metrics::counter!(name, "vhost" => labels.vhost.clone(), "queue" => labels.queue.clone()),
+            // Parked is exported by reason only (`Counters::parked`): a series without the
+            // label beside the labelled ones would be counted twice by any `sum`.
+            metric: if name == "rabbitkit_parked_total" {
+                metrics::Counter::noop()
+            } else {
+                metrics::counter!(name, "vhost" => labels.vhost.clone(), "queue" => labels.queue.clone())
+            },
         }
     }
 
@@ -51,6 +59,19 @@ macro_rules! counters {
             in_flight: metrics::Gauge,
             /// Handler run time (`rabbitkit_handler_duration_seconds`).
             handler_seconds: metrics::Histogram,
+            /// Receipt to settlement (`messaging_process_duration_seconds`).
+            process_seconds: metrics::Histogram,
+            /// Deliveries received (`messaging_client_consumed_messages_total`).
+            consumed_messages: metrics::Counter,
+            /// `rabbitkit_parked_total` by reason, in [`ParkReason::ALL`] order.
+            parked_by_reason: [metrics::Counter; ParkReason::ALL.len()],
+            /// Deliveries received and not yet settled, for the shutdown log.
+            in_flight_now: AtomicU64,
+            /// Handlers cut off at the shutdown deadline (their deliveries requeued).
+            pub(crate) stragglers: AtomicU64,
+            /// The work queue (span attributes).
+            #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+            pub(crate) queue: String,
         }
 
         /// A snapshot of a subscriber's counters.
@@ -63,10 +84,31 @@ macro_rules! counters {
         impl Counters {
             /// Counters whose metrics carry `labels`.
             pub(crate) fn new(labels: &Labels) -> Self {
+                let semconv = |op: &'static str| {
+                    [
+                        ("vhost", labels.vhost.clone()),
+                        ("messaging_system", "rabbitmq".to_owned()),
+                        ("messaging_destination_name", labels.queue.clone()),
+                        ("messaging_operation_name", op.to_owned()),
+                    ]
+                };
                 Self {
                     $($name: Count::new(concat!("rabbitkit_", stringify!($name), "_total"), labels),)*
                     in_flight: metrics::gauge!(IN_FLIGHT, "vhost" => labels.vhost.clone(), "queue" => labels.queue.clone()),
                     handler_seconds: metrics::histogram!(HANDLER_DURATION, "vhost" => labels.vhost.clone(), "queue" => labels.queue.clone()),
+                    process_seconds: metrics::histogram!(PROCESS_DURATION, &semconv("process")),
+                    consumed_messages: metrics::counter!(CONSUMED_MESSAGES, &semconv("process")),
+                    parked_by_reason: ParkReason::ALL.map(|r| {
+                        metrics::counter!(
+                            "rabbitkit_parked_total",
+                            "vhost" => labels.vhost.clone(),
+                            "queue" => labels.queue.clone(),
+                            "reason" => r.as_str()
+                        )
+                    }),
+                    in_flight_now: AtomicU64::new(0),
+                    stragglers: AtomicU64::new(0),
+                    queue: labels.queue.clone(),
                 }
             }
 
@@ -80,8 +122,13 @@ macro_rules! counters {
 counters! {
     /// Deliveries received.
     consumed,
-    /// Originals acked (successes, and failures whose copy was confirmed).
+    /// Originals acked (successes, and failures whose copy was confirmed), counted per
+    /// message whether acked alone or by a coalesced `multiple` ack.
     acked,
+    /// `basic.ack` frames sent for originals: one per ack, one per coalesced run
+    /// ([`Subscriber::ack_coalescing`](crate::Subscriber::ack_coalescing)); `acked /
+    /// ack_frames` is the coalescing ratio.
+    ack_frames,
     /// Retry copies confirmed.
     retried,
     /// Parking copies confirmed.
@@ -108,6 +155,116 @@ pub const IN_FLIGHT: &str = "rabbitkit_in_flight";
 pub const HANDLER_DURATION: &str = "rabbitkit_handler_duration_seconds";
 /// Histogram: publish-to-confirm latency in seconds, per publisher connection.
 pub const CONFIRM_LATENCY: &str = "rabbitkit_confirm_latency_seconds";
+/// Histogram (OpenTelemetry `messaging.process.duration`): receipt to settlement in
+/// seconds, per subscriber.
+pub const PROCESS_DURATION: &str = "messaging_process_duration_seconds";
+/// Counter (OpenTelemetry `messaging.client.consumed.messages`): deliveries received.
+pub const CONSUMED_MESSAGES: &str = "messaging_client_consumed_messages_total";
+/// Gauge: 1 while the named connection is open, 0 otherwise (labels `connection`, `vhost`).
+pub const CONNECTION_UP: &str = "rabbitkit_connection_up";
+/// Counter: connections opened, the first one included (labels `connection`, `vhost`).
+pub const CONNECTS: &str = "rabbitkit_connects_total";
+/// Counter: connections found lost (labels `connection`, `vhost`); each is followed by a reconnect.
+pub const CONNECTION_LOST: &str = "rabbitkit_connection_lost_total";
+/// Counter: failed connection attempts (labels `connection`, `vhost`).
+pub const CONNECT_FAILURES: &str = "rabbitkit_connect_failures_total";
+/// Gauge: messages in a subscriber's parking queue, polled when
+/// [`Worker::parking_depth_interval`](crate::Worker::parking_depth_interval) is set.
+pub const PARKING_DEPTH: &str = "rabbitkit_parking_depth";
+
+/// Puts a `# HELP` line on every series rabbitkit exports. Idempotent; applies to the
+/// recorder installed when called.
+pub(crate) fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    let counters: [(&str, &str); 12] = [
+        ("rabbitkit_consumed_total", "Deliveries received."),
+        (
+            "rabbitkit_acked_total",
+            "Originals acked (successes, and failures whose copy was confirmed).",
+        ),
+        (
+            "rabbitkit_ack_frames_total",
+            "basic.ack frames sent for originals: one per ack, one per coalesced run.",
+        ),
+        (
+            "rabbitkit_retried_total",
+            "Retry copies confirmed (the original then acked).",
+        ),
+        (
+            "rabbitkit_parked_total",
+            "Parking copies confirmed, by reason (max-attempts, permanent, decode, handler).",
+        ),
+        (
+            "rabbitkit_requeued_total",
+            "Originals nacked with requeue (asked for, fallback, shutdown stragglers, copies not confirmed).",
+        ),
+        (
+            "rabbitkit_rejected_total",
+            "Originals nacked without requeue.",
+        ),
+        (
+            "rabbitkit_settlement_failures_total",
+            "Retry or parking copies not confirmed (returned, nacked, timed out, failed); the original was kept.",
+        ),
+        (
+            "rabbitkit_ack_lost_total",
+            "Acks or nacks that found their channel gone; the broker redelivers.",
+        ),
+        ("rabbitkit_panics_total", "Handler panics."),
+        (
+            "rabbitkit_timeouts_total",
+            "Handlers that ran past their deadline.",
+        ),
+        (
+            "rabbitkit_unsettled_total",
+            "Manual handlers that returned without settling.",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Unit::Count, help);
+    }
+    describe_gauge!(
+        IN_FLIGHT,
+        Unit::Count,
+        "Deliveries received and not yet settled."
+    );
+    describe_histogram!(
+        HANDLER_DURATION,
+        Unit::Seconds,
+        "Handler service run time, extractors included."
+    );
+    describe_histogram!(
+        CONFIRM_LATENCY,
+        Unit::Seconds,
+        "Publish to broker confirm, every confirmed publish."
+    );
+    describe_histogram!(
+        PROCESS_DURATION,
+        Unit::Seconds,
+        "OpenTelemetry messaging.process.duration: receipt to settlement."
+    );
+    describe_counter!(
+        CONSUMED_MESSAGES,
+        Unit::Count,
+        "OpenTelemetry messaging.client.consumed.messages: deliveries received."
+    );
+    describe_gauge!(
+        CONNECTION_UP,
+        "1 while the connection is open, 0 when it was found lost or closed."
+    );
+    describe_counter!(
+        CONNECTS,
+        Unit::Count,
+        "Connections opened (the first one included; more than one means reconnects)."
+    );
+    describe_counter!(CONNECTION_LOST, Unit::Count, "Connections found lost.");
+    describe_counter!(CONNECT_FAILURES, Unit::Count, "Failed connection attempts.");
+    describe_gauge!(
+        PARKING_DEPTH,
+        Unit::Count,
+        "Messages in the subscriber's parking queue (polled)."
+    );
+}
 
 impl Default for Counters {
     fn default() -> Self {
@@ -117,14 +274,36 @@ impl Default for Counters {
 
 impl Counters {
     pub(crate) fn inc(counter: &Count) {
-        counter.value.fetch_add(1, Ordering::Relaxed);
-        counter.metric.increment(1);
+        Self::add(counter, 1);
+    }
+
+    /// Adds `n` (a multiple ack counts every message it acks).
+    pub(crate) fn add(counter: &Count, n: u64) {
+        counter.value.fetch_add(n, Ordering::Relaxed);
+        counter.metric.increment(n);
     }
 
     /// A delivery entered the pipeline; the guard marks it settled when dropped.
     pub(crate) fn enter(&self) -> InFlight<'_> {
         self.in_flight.increment(1.0);
-        InFlight(self)
+        self.in_flight_now.fetch_add(1, Ordering::Relaxed);
+        self.consumed_messages.increment(1);
+        InFlight(self, std::time::Instant::now())
+    }
+
+    /// Deliveries received and not yet settled.
+    pub(crate) fn in_flight_now(&self) -> u64 {
+        self.in_flight_now.load(Ordering::Relaxed)
+    }
+
+    /// A parking copy was confirmed.
+    pub(crate) fn parked(&self, reason: ParkReason) {
+        Self::inc(&self.parked);
+        let i = ParkReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.parked_by_reason[i].increment(1);
     }
 
     pub(crate) fn handler_ran(&self, took: Duration) {
@@ -132,11 +311,15 @@ impl Counters {
     }
 }
 
-/// Counts a delivery in flight until dropped.
-pub(crate) struct InFlight<'a>(&'a Counters);
+/// Counts a delivery in flight until dropped, and how long it was.
+pub(crate) struct InFlight<'a>(&'a Counters, std::time::Instant);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.in_flight.decrement(1.0);
+        self.0.in_flight_now.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .process_seconds
+            .record(self.1.elapsed().as_secs_f64());
     }
 }

@@ -7,9 +7,11 @@ use lapin::types::AMQPValue;
 use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::coalesce::AckCoalescing;
 use crate::decide::SettleSpec;
 use crate::delivery::{Delivery, Extensions};
 use crate::error::BoxError;
+use crate::extract::Requirements;
 use crate::handler::{Handler, handler_service};
 use crate::outcome::{Classify, DefaultClassifier, Outcome};
 use crate::policy::{AckPolicy, ManualFallback};
@@ -18,6 +20,10 @@ use crate::topology::{Binding, QueueType, Topology, TopologyMode};
 
 /// The boxed service type subscribers run.
 pub type BoxDeliveryService = BoxCloneService<Delivery, Outcome, BoxError>;
+
+/// Default requeue limit: requeues allowed per message before the next one parks it with
+/// reason `requeue-limit` (RabbitMQ 4.0's default quorum delivery limit is 20 too).
+pub const DEFAULT_REQUEUE_LIMIT: u32 = 20;
 
 /// Default prefetch: bounded, so a slow handler never buffers a whole queue in memory.
 pub const DEFAULT_PREFETCH: u16 = 50;
@@ -28,6 +34,7 @@ pub const DEFAULT_PREFETCH: u16 = 50;
 /// (any tower service), then configured. Layers added with [`Subscriber::layer`] wrap the
 /// handler in the order added: the last one added runs first (outermost).
 #[must_use]
+#[derive(Clone)]
 pub struct Subscriber {
     pub(crate) name: String,
     pub(crate) topology: Topology,
@@ -35,13 +42,18 @@ pub struct Subscriber {
     pub(crate) retry: RetryPolicy,
     pub(crate) policy: AckPolicy,
     pub(crate) fallback: ManualFallback,
+    pub(crate) requeue_limit: u32,
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) prefetch: u16,
     pub(crate) concurrency: usize,
     pub(crate) concurrency_set: bool,
     pub(crate) deadline: Option<Duration>,
+    pub(crate) consumer_timeout: Option<Duration>,
+    pub(crate) ack_coalescing: Option<AckCoalescing>,
     pub(crate) service: BoxDeliveryService,
     pub(crate) extensions: Extensions,
+    /// What the handler's extractors need; checked at start.
+    pub(crate) requirements: Requirements,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -53,10 +65,13 @@ impl std::fmt::Debug for Subscriber {
             .field("mode", &self.mode)
             .field("policy", &self.policy)
             .field("fallback", &self.fallback)
+            .field("requeue_limit", &self.requeue_limit)
             .field("retry", &self.retry)
             .field("prefetch", &self.prefetch)
             .field("concurrency", &self.concurrency)
             .field("deadline", &self.deadline)
+            .field("consumer_timeout", &self.consumer_timeout)
+            .field("ack_coalescing", &self.ack_coalescing)
             .finish_non_exhaustive()
     }
 }
@@ -68,7 +83,10 @@ impl Subscriber {
         H: Handler<Args>,
         Args: 'static,
     {
-        Self::service(queue, handler_service(handler))
+        let requirements = handler.requirements();
+        let mut s = Self::service(queue, handler_service(handler));
+        s.requirements = requirements;
+        s
     }
 
     /// A subscriber running any tower service from [`Delivery`] to [`Outcome`]. Service
@@ -87,13 +105,17 @@ impl Subscriber {
             retry: RetryPolicy::default(),
             policy: AckPolicy::Auto,
             fallback: ManualFallback::NackRequeue,
+            requeue_limit: DEFAULT_REQUEUE_LIMIT,
             classifier: Arc::new(DefaultClassifier),
             prefetch: DEFAULT_PREFETCH,
             concurrency: usize::from(DEFAULT_PREFETCH),
             concurrency_set: false,
             deadline: None,
+            consumer_timeout: None,
+            ack_coalescing: None,
             service: BoxCloneService::new(service.map_err(Into::into)),
             extensions: Extensions::default(),
+            requirements: Requirements::default(),
         }
     }
 
@@ -143,6 +165,17 @@ impl Subscriber {
         self
     }
 
+    /// The type of the delay tiers. Quorum (the default) dead-letters expired copies into
+    /// the work queue at-least-once; [`QueueType::Classic`] is an opt-in for brokers or
+    /// operators that cannot run quorum queues, with the risk that a copy expiring while the
+    /// work queue cannot take it (a quorum work queue electing its leader after a restart,
+    /// no majority, a length limit) is dropped by the broker, after its original was acked.
+    /// Classic tiers are named `{q}.retry.{delay}`, quorum tiers `{q}.delay.{delay}`.
+    pub fn tier_queue_type(mut self, t: QueueType) -> Self {
+        self.topology.tier_queue_type = t;
+        self
+    }
+
     /// An extra work-queue argument (checked for dead-letter cycles at startup).
     pub fn queue_argument(mut self, name: &str, value: impl Into<AMQPValue>) -> Self {
         self.topology
@@ -175,9 +208,39 @@ impl Subscriber {
         self
     }
 
-    /// The error classifier.
+    /// Requeues allowed per message (`Outcome::Requeue`, a manual `requeue`, the
+    /// `nack-requeue` fallback); the next requeue parks the message with reason
+    /// `requeue-limit` instead, so a message nothing can handle never loops for ever.
+    /// Default [`DEFAULT_REQUEUE_LIMIT`]; at least 1.
+    pub fn requeue_limit(mut self, n: u32) -> Self {
+        self.requeue_limit = n.max(1);
+        self
+    }
+
+    /// The error classifier. It replaces the classifier so far, kinds registered with
+    /// [`Subscriber::error_kind`] included: set it first.
     pub fn classifier(mut self, c: impl Classify) -> Self {
         self.classifier = Arc::new(c);
+        self
+    }
+
+    /// Failures of kind `kind` follow `policy` ([`RetryPolicy::on_kind`] on the current
+    /// policy): a `#[subscriber]` function's policy can be extended this way,
+    /// `charge::subscriber().on_kind("validation", KindPolicy::park())`.
+    pub fn on_kind(mut self, kind: impl Into<String>, policy: crate::kind::KindPolicy) -> Self {
+        self.retry.kinds.insert(kind.into(), policy);
+        self
+    }
+
+    /// Errors of type `E` (anywhere in a handler error's chain) take their kind and
+    /// permanence from `E`'s [`ErrorKind`](crate::kind::ErrorKind) impl, so a `thiserror`
+    /// enum's variants get their own kinds, and [`RetryPolicy::on_kind`] their own
+    /// policies. Other errors keep the classifier's answer. Repeatable for several types.
+    pub fn error_kind<E: crate::kind::ErrorKind>(mut self) -> Self {
+        self.classifier = Arc::new(crate::kind::KindsOf::<E> {
+            inner: self.classifier,
+            _e: std::marker::PhantomData,
+        });
         self
     }
 
@@ -206,6 +269,40 @@ impl Subscriber {
         self
     }
 
+    /// The broker's consumer timeout for this subscriber's consumer, sent as the
+    /// `x-consumer-timeout` consume argument: a delivery left unacknowledged longer than
+    /// this makes the broker give up on the consumer. RabbitMQ 4.0–4.2 close the channel
+    /// (406); 4.3 enforces it only on quorum queues and cancels the consumer
+    /// (`basic.cancel`). Either way rabbitkit subscribes again within seconds, and
+    /// deliveries still in flight settle on their own channel. RabbitMQ 3.10 ignores the
+    /// argument. Must be above [`deadline`](Self::deadline) when both are set.
+    pub fn consumer_timeout(mut self, d: Duration) -> Self {
+        self.consumer_timeout = Some(d);
+        self
+    }
+
+    /// Coalesces acks: a run of successes on one channel is acked with one
+    /// `basic.ack multiple=true`, sent once `max_acks` acks are held or `max_delay` after
+    /// the first of them, and before the channel closes at shutdown. A multiple ack never
+    /// covers a delivery still being handled, requeued, rejected or copied. Off by default.
+    ///
+    /// Fewer ack frames for the broker to process, for a wider duplicate window: acks held
+    /// when the connection or the process dies are never sent, and the broker redelivers
+    /// those messages (at most `max_acks` per channel). `max_acks` must be at most the
+    /// prefetch (at most half keeps deliveries flowing) and `max_delay` at most 1 s; not with
+    /// [`AckPolicy::AckFirst`], whose ack is written before the handler runs. See
+    /// [`coalesce`](crate::coalesce).
+    pub fn ack_coalescing(mut self, max_acks: u16, max_delay: Duration) -> Self {
+        self.ack_coalescing = Some(AckCoalescing::new(max_acks, max_delay));
+        self
+    }
+
+    /// Turns ack coalescing off (the default): every ack is its own frame.
+    pub fn no_ack_coalescing(mut self) -> Self {
+        self.ack_coalescing = None;
+        self
+    }
+
     /// Shared state for [`State`](crate::extract::State) extractors.
     pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
         self.extensions.insert(value);
@@ -230,27 +327,64 @@ impl Subscriber {
     /// Checks names, retry policy and topology without a broker.
     pub fn validate(&self) -> crate::Result<()> {
         self.retry.validate()?;
+        if let Some(ct) = self.consumer_timeout {
+            if ct.as_millis() == 0 || ct.as_millis() > i64::MAX as u128 {
+                return Err(crate::Error::Config(format!(
+                    "subscriber {:?}: consumer_timeout must be at least 1 ms",
+                    self.name
+                )));
+            }
+            if let Some(d) = self.deadline.filter(|d| *d >= ct) {
+                return Err(crate::Error::Config(format!(
+                    "subscriber {:?}: the handler deadline ({d:?}) must be below the \
+                     consumer_timeout ({ct:?}), or the broker gives up on the consumer first",
+                    self.name
+                )));
+            }
+        }
+        if let Some(c) = &self.ack_coalescing {
+            c.check(Some(self.prefetch)).map_err(|(k, m)| {
+                crate::Error::Config(format!(
+                    "subscriber {:?}: ack coalescing {k} {m}",
+                    self.name
+                ))
+            })?;
+            if self.policy == AckPolicy::AckFirst {
+                return Err(crate::Error::Config(format!(
+                    "subscriber {:?}: ack coalescing does nothing with the ack-first policy \
+                     (its ack is written before the handler runs)",
+                    self.name
+                )));
+            }
+        }
         let mut t = self.topology.clone();
         t.tiers = self.retry.distinct_tiers();
         t.validate()
     }
 
-    /// A copy for another queue (the registry hands one template to several entries).
-    pub(crate) fn duplicate(&self) -> Subscriber {
-        Subscriber {
-            name: self.name.clone(),
-            topology: self.topology.clone(),
-            mode: self.mode,
-            retry: self.retry.clone(),
-            policy: self.policy,
-            fallback: self.fallback,
-            classifier: self.classifier.clone(),
-            prefetch: self.prefetch,
-            concurrency: self.concurrency,
-            concurrency_set: self.concurrency_set,
-            deadline: self.deadline,
-            service: self.service.clone(),
-            extensions: self.extensions.clone(),
+    /// Refuses a handler whose `Settle` argument could never be given (not manual mode).
+    pub(crate) fn check_settle(&self) -> crate::Result<()> {
+        if self.requirements.needs_settle() && self.policy != AckPolicy::Manual {
+            return Err(crate::Error::SettleOutsideManual {
+                subscriber: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a handler whose `State<T>` argument finds nothing in `worker` state, this
+    /// subscriber's state, or what the worker provides itself (the `Publisher`).
+    pub(crate) fn check_state(&self, worker: &Extensions) -> crate::Result<()> {
+        let publisher = std::any::TypeId::of::<crate::publisher::Publisher>();
+        let missing = self.requirements.missing_state(|id| {
+            id == publisher || worker.contains(id) || self.extensions.contains(id)
+        });
+        match missing {
+            Some(type_name) => Err(crate::Error::MissingState {
+                subscriber: self.name.clone(),
+                type_name,
+            }),
+            None => Ok(()),
         }
     }
 
@@ -259,9 +393,11 @@ impl Subscriber {
             queue: self.topology.queue.as_str().into(),
             handler: self.name.as_str().into(),
             retry: self.retry.clone(),
+            tier_queue_type: self.topology.tier_queue_type,
             classifier: self.classifier.clone(),
             policy: self.policy,
             fallback: self.fallback,
+            requeue_limit: self.requeue_limit,
         }
     }
 

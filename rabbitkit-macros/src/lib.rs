@@ -37,16 +37,25 @@ use syn::{Expr, ExprArray, ExprLit, FnArg, ItemFn, Lit, LitStr, Path, Type};
 /// | `exchange_kind` | `"topic"`, `"direct"`, `"fanout"`, `"headers"` | `.exchange_kind` |
 /// | `queue_type` | `"classic"`, `"quorum"` | `.queue_type` |
 /// | `delivery_limit` | `10` (quorum only) | `.delivery_limit` |
+/// | `tier_queue_type` | `"quorum"` (default), `"classic"` (opt-in: at-most-once dead-lettering out of the tiers) | `.tier_queue_type` |
 /// | `ack` | `"auto"`, `"manual"`, `"nack-on-error"`, `"ack-first"` | `.ack_policy` |
 /// | `manual_fallback` | `"nack-requeue"`, `"auto"`, `"ack"`, `"reject"` | `.manual_fallback` |
+/// | `requeue_limit` | `20` (at least 1) | `.requeue_limit` |
 /// | `retry` | `["1s", "30s", "5m"]`; `[]` for no retries | `.retry(RetryPolicy::new(..))` |
 /// | `max_attempts` | `5` | `RetryPolicy::max_attempts` |
 /// | `immediate_retries` | `2` | `RetryPolicy::immediate_retries` |
 /// | `jitter` | `true` | `RetryPolicy::jitter` |
+/// | `on_kind` | `("inventory", retry = ["30s", "5m"], max_attempts = 10)`, `("validation", park = true)`; once per kind | `RetryPolicy::on_kind(kind, KindPolicy)` |
 /// | `prefetch` | `50` (1..=65535) | `.prefetch` |
 /// | `concurrency` | `8` (at least 1) | `.concurrency` |
 /// | `deadline` | `"30s"` | `.deadline` |
+/// | `ack_coalescing` | `(32, "5ms")`: max acks (1..=prefetch), max delay (at most 1 s) | `.ack_coalescing` |
 /// | `crate` | `"my_alias::rabbitkit"` (default `::rabbitkit`) | path of the facade |
+///
+/// `on_kind("KIND", ...)` gives failures of one error kind a policy of their own, like
+/// `[subscribers.retry.kinds.KIND]` in a worker config file: `park = true` (parked at once),
+/// or its own `retry = [...]` tiers and/or `max_attempts = N` (the others follow the
+/// subscriber's policy). A kind is 1-64 letters, digits, `-`, `_` or `.`.
 #[proc_macro_attribute]
 pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = TokenStream2::from(item.clone());
@@ -97,8 +106,10 @@ struct Args {
     exchange_kind: Option<At<String>>,
     queue_type: Option<At<String>>,
     delivery_limit: Option<At<u32>>,
+    tier_queue_type: Option<At<String>>,
     ack: Option<At<String>>,
     manual_fallback: Option<At<String>>,
+    requeue_limit: Option<At<u32>>,
     retry: Option<At<Vec<u64>>>,
     max_attempts: Option<At<u32>>,
     immediate_retries: Option<At<u32>>,
@@ -106,12 +117,25 @@ struct Args {
     prefetch: Option<At<u16>>,
     concurrency: Option<At<usize>>,
     deadline: Option<At<u64>>,
+    kinds: Vec<KindArg>,
+    /// Max acks and max delay (nanoseconds).
+    ack_coalescing: Option<At<(u16, u64)>>,
     krate: Option<Path>,
 }
 
+/// One `on_kind("KIND", ...)`.
+struct KindArg {
+    kind: At<String>,
+    park: bool,
+    retry: Option<Vec<u64>>,
+    max_attempts: Option<u32>,
+}
+
+const KIND_KEYS: &str = "park, retry, max_attempts";
+
 const KEYS: &str = "queue, name, exchange, routing_key, routing_keys, exchange_kind, queue_type, \
-                    delivery_limit, ack, manual_fallback, retry, max_attempts, \
-                    immediate_retries, jitter, prefetch, concurrency, deadline, crate";
+                    delivery_limit, tier_queue_type, ack, manual_fallback, requeue_limit, retry, max_attempts, \
+                    immediate_retries, jitter, on_kind, prefetch, concurrency, deadline, ack_coalescing, crate";
 
 /// The known key nearest to a misspelt one, if it is near (edit distance at most 2).
 fn closest(key: &str) -> Option<&'static str> {
@@ -257,6 +281,152 @@ fn strings(e: &Expr, key: &str) -> syn::Result<(Vec<LitStr>, Span)> {
     }
 }
 
+/// Retry tiers: an array of durations, each between 1 ms and a 32-bit TTL, in nanoseconds.
+fn tiers(e: &Expr, key: &str) -> syn::Result<(Vec<u64>, Span)> {
+    let (lits, arr) = strings(e, key)?;
+    let mut tiers = Vec::with_capacity(lits.len());
+    for l in &lits {
+        let ns = duration(l, key)?;
+        let ms = ns / 1_000_000;
+        if ms == 0 || ms > i32::MAX as u64 {
+            return Err(syn::Error::new(
+                l.span(),
+                format!(
+                    "retry tiers must be between 1ms and {}ms (a 32-bit TTL)",
+                    i32::MAX
+                ),
+            ));
+        }
+        tiers.push(ns);
+    }
+    Ok((tiers, arr))
+}
+
+/// The inside of `on_kind(...)`: the kind, then `park`, `retry` and `max_attempts`, checked
+/// as `RetryPolicy::validate` checks a kind's policy.
+fn parse_kind(content: syn::parse::ParseStream<'_>, span: Span) -> syn::Result<KindArg> {
+    let lit: LitStr = content.parse().map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            "`on_kind` starts with the kind as a string literal: `on_kind(\"inventory\", ...)`",
+        )
+    })?;
+    let name = lit.value();
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(syn::Error::new(
+            lit.span(),
+            "a kind is 1-64 characters of letters, digits, '-', '_' or '.'",
+        ));
+    }
+    let mut park: Option<At<bool>> = None;
+    let mut retry: Option<At<Vec<u64>>> = None;
+    let mut max_attempts: Option<At<u32>> = None;
+    while !content.is_empty() {
+        content.parse::<syn::Token![,]>()?;
+        if content.is_empty() {
+            break;
+        }
+        let ident: syn::Ident = syn::ext::IdentExt::parse_any(content)?;
+        let key = ident.to_string();
+        let key_span = ident.span();
+        content.parse::<syn::Token![=]>().map_err(|_| {
+            syn::Error::new(key_span, format!("`{key}` needs a value: `{key} = ...`"))
+        })?;
+        let value: Expr = content.parse()?;
+        match key.as_str() {
+            "park" => match &value {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Bool(b), ..
+                }) if b.value => set(&mut park, At::new(true, b.span()), key_span, &key)?,
+                Expr::Lit(ExprLit {
+                    lit: Lit::Bool(b), ..
+                }) => {
+                    return Err(syn::Error::new(
+                        b.span(),
+                        "`park = false` says nothing: leave it out",
+                    ));
+                }
+                other => {
+                    return Err(syn::Error::new(other.span(), "`park` must be `true`"));
+                }
+            },
+            "retry" => {
+                let (t, arr) = tiers(&value, "retry")?;
+                set(&mut retry, At::new(t, arr), key_span, &key)?;
+            }
+            "max_attempts" => {
+                let v = positive::<u32>(&value, "max_attempts", "a u32", "at least 1")?;
+                set(&mut max_attempts, v, key_span, &key)?;
+            }
+            other => {
+                // A worker config file names a kind's tiers `tiers`; the attribute, like its
+                // own `retry` key, names them `retry`.
+                let hint = if other == "tiers" {
+                    " (a kind's tiers are `retry = [...]` here)"
+                } else {
+                    ""
+                };
+                return Err(syn::Error::new(
+                    key_span,
+                    format!("unknown `on_kind` key `{other}`{hint}: expected one of {KIND_KEYS}"),
+                ));
+            }
+        }
+    }
+    if let Some(p) = &park
+        && (retry.is_some() || max_attempts.is_some())
+    {
+        return Err(syn::Error::new(
+            p.span,
+            "`park = true` parks at once: it takes no `retry` or `max_attempts`",
+        ));
+    }
+    if park.is_none() && retry.is_none() && max_attempts.is_none() {
+        return Err(syn::Error::new(
+            span,
+            format!(
+                "`on_kind(\"{name}\")` says nothing: give `park = true`, `retry = [...]` or `max_attempts = N`"
+            ),
+        ));
+    }
+    Ok(KindArg {
+        kind: At::new(name, lit.span()),
+        park: park.is_some(),
+        retry: retry.map(|r| r.value),
+        max_attempts: max_attempts.map(|m| m.value),
+    })
+}
+
+/// `(max_acks, "max_delay")`: at least 1 ack, at most 1 s (the bound against the prefetch
+/// is checked when the worker starts, or here when `prefetch` is given).
+fn coalescing(e: &Expr, key: &str) -> syn::Result<At<(u16, u64)>> {
+    let pair = match e {
+        Expr::Tuple(t) if t.elems.len() == 2 => Some((&t.elems[0], &t.elems[1])),
+        _ => None,
+    };
+    let Some((acks, delay)) = pair else {
+        return Err(syn::Error::new(
+            e.span(),
+            format!("`{key}` must be `(max_acks, \"max_delay\")`, e.g. `(32, \"5ms\")`"),
+        ));
+    };
+    let n = positive::<u16>(acks, key, "between 1 and 65535", "at least 1 ack")?;
+    let s = string(delay, key)?;
+    let ns = duration(&s, key)?;
+    if ns > 1_000_000_000 {
+        return Err(syn::Error::new(
+            s.span(),
+            format!("`{key}`: the delay must be at most 1s"),
+        ));
+    }
+    Ok(At::new((n.value, ns), e.span()))
+}
+
 impl Args {
     fn parse(&mut self, meta: syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
         let span = meta.path.span();
@@ -265,6 +435,25 @@ impl Args {
         };
         // `crate` is a keyword; `get_ident` still yields it.
         let key = ident.as_str();
+        if key == "on_kind" {
+            if !meta.input.peek(syn::token::Paren) {
+                return Err(syn::Error::new(
+                    span,
+                    "`on_kind` takes parentheses: `on_kind(\"inventory\", retry = [\"30s\"])`",
+                ));
+            }
+            let content;
+            syn::parenthesized!(content in meta.input);
+            let kind = parse_kind(&content, span)?;
+            if self.kinds.iter().any(|k| k.kind.value == kind.kind.value) {
+                return Err(syn::Error::new(
+                    kind.kind.span,
+                    format!("`on_kind(\"{}\")` is given twice", kind.kind.value),
+                ));
+            }
+            self.kinds.push(kind);
+            return Ok(());
+        }
         let value: Expr = meta
             .value()
             .map_err(|_| syn::Error::new(span, format!("`{key}` needs a value: `{key} = ...`")))?
@@ -334,6 +523,10 @@ impl Args {
                 let v = positive::<u32>(&value, key, "a u32", "at least 1")?;
                 set(&mut self.delivery_limit, v, span, key)
             }
+            "tier_queue_type" => {
+                let v = one_of(&string(&value, key)?, &["classic", "quorum"], key)?;
+                set(&mut self.tier_queue_type, v, span, key)
+            }
             "ack" => {
                 let v = one_of(
                     &string(&value, key)?,
@@ -351,23 +544,12 @@ impl Args {
                 set(&mut self.manual_fallback, v, span, key)
             }
             "retry" => {
-                let (lits, arr) = strings(&value, key)?;
-                let mut tiers = Vec::with_capacity(lits.len());
-                for l in &lits {
-                    let ns = duration(l, key)?;
-                    let ms = ns / 1_000_000;
-                    if ms == 0 || ms > i32::MAX as u64 {
-                        return Err(syn::Error::new(
-                            l.span(),
-                            format!(
-                                "retry tiers must be between 1ms and {}ms (a 32-bit TTL)",
-                                i32::MAX
-                            ),
-                        ));
-                    }
-                    tiers.push(ns);
-                }
+                let (tiers, arr) = tiers(&value, key)?;
                 set(&mut self.retry, At::new(tiers, arr), span, key)
+            }
+            "requeue_limit" => {
+                let v = positive::<u32>(&value, key, "a u32", "at least 1")?;
+                set(&mut self.requeue_limit, v, span, key)
             }
             "max_attempts" => {
                 let v = positive::<u32>(&value, key, "a u32", "at least 1")?;
@@ -414,6 +596,10 @@ impl Args {
                     ));
                 }
                 set(&mut self.deadline, At::new(ns, s.span()), span, key)
+            }
+            "ack_coalescing" => {
+                let v = coalescing(&value, key)?;
+                set(&mut self.ack_coalescing, v, span, key)
             }
             "crate" => {
                 let s = string(&value, key)?;
@@ -516,6 +702,23 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
             "`manual_fallback` applies only with `ack = \"manual\"`",
         ));
     }
+    if let Some(c) = &args.ack_coalescing {
+        if let Some(p) = args.prefetch.as_ref().filter(|p| c.value.0 > p.value) {
+            return Err(syn::Error::new(
+                c.span,
+                format!(
+                    "`ack_coalescing`: at most `prefetch` ({}) acks can be held",
+                    p.value
+                ),
+            ));
+        }
+        if args.ack.as_ref().is_some_and(|a| a.value == "ack-first") {
+            return Err(syn::Error::new(
+                c.span,
+                "`ack_coalescing` does nothing with `ack = \"ack-first\"` (its ack is written before the handler runs)",
+            ));
+        }
+    }
     if let (Some(d), Some(qt)) = (&args.delivery_limit, &args.queue_type)
         && qt.value != "quorum"
     {
@@ -582,6 +785,17 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
         let v = d.value;
         calls.push(quote!(.delivery_limit(#v)));
     }
+    if let Some(t) = &args.tier_queue_type {
+        let v = format_ident!(
+            "{}",
+            if t.value == "classic" {
+                "Classic"
+            } else {
+                "Quorum"
+            }
+        );
+        calls.push(quote!(.tier_queue_type(#p::QueueType::#v)));
+    }
     if let Some(a) = &args.ack {
         let v = format_ident!(
             "{}",
@@ -609,7 +823,8 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
     let retry_set = args.retry.is_some()
         || args.max_attempts.is_some()
         || args.immediate_retries.is_some()
-        || args.jitter.is_some();
+        || args.jitter.is_some()
+        || !args.kinds.is_empty();
     if retry_set {
         let mut policy = match &args.retry {
             Some(r) if r.value.is_empty() => quote!(#p::RetryPolicy::none()),
@@ -631,7 +846,26 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
             let v = j.value;
             policy = quote!(#policy.jitter(#v));
         }
+        for k in &args.kinds {
+            let name = &k.kind.value;
+            let mut kp = match &k.retry {
+                _ if k.park => quote!(#p::KindPolicy::park()),
+                Some(t) => {
+                    let t = t.iter();
+                    quote!(#p::KindPolicy::tiers([#(#p::Duration::from_nanos(#t)),*]))
+                }
+                None => quote!(<#p::KindPolicy as ::core::default::Default>::default()),
+            };
+            if let Some(m) = k.max_attempts {
+                kp = quote!(#kp.max_attempts(#m));
+            }
+            policy = quote_spanned!(k.kind.span=> #policy.on_kind(#name, #kp));
+        }
         calls.push(quote!(.retry(#policy)));
+    }
+    if let Some(n) = &args.requeue_limit {
+        let v = n.value;
+        calls.push(quote!(.requeue_limit(#v)));
     }
     if let Some(n) = &args.prefetch {
         let v = n.value;
@@ -644,6 +878,10 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
     if let Some(d) = &args.deadline {
         let v = d.value;
         calls.push(quote!(.deadline(#p::Duration::from_nanos(#v))));
+    }
+    if let Some(c) = &args.ack_coalescing {
+        let (n, ns) = c.value;
+        calls.push(quote!(.ack_coalescing(#n, #p::Duration::from_nanos(#ns))));
     }
 
     // The function moves into the struct's impl, unchanged: attributes, arguments

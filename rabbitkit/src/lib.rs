@@ -5,7 +5,7 @@
 //! You write handlers; rabbitkit consumes, runs them, and settles every delivery:
 //!
 //! - success → ack;
-//! - failure → a **retry copy** into a delay tier (`orders.retry.30s`) or a **parking copy**
+//! - failure → a **retry copy** into a delay tier (`orders.delay.30s`) or a **parking copy**
 //!   with evidence headers, published on a confirm-mode channel with `mandatory = true`; the
 //!   original is acked **only after that copy is confirmed**. A nack, a return, a timeout or a
 //!   lost channel leaves the original unacked and it is requeued;
@@ -19,6 +19,10 @@
 //!   [`worker::from_config`]), with a passive topology check for `--check`.
 //! - (feature `cli`) the `rabbitkit` operator binary: inspect, replay and purge parking
 //!   queues, check or declare a topology, publish a confirmed message.
+//! - one WARN per failed attempt with what happens next, [`shutdown_signal`] (SIGINT and
+//!   SIGTERM), Prometheus metrics with `/healthz` and `/readyz` (feature `http`), and
+//!   OpenTelemetry messaging spans with trace context carried through retries (feature
+//!   `otel`); see [`observe`].
 //!
 //! ```no_run
 //! use rabbitkit::prelude::*;
@@ -39,25 +43,27 @@
 //!     .prefetch(50);
 //! Worker::new(ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f"))
 //!     .subscribe(orders)
-//!     .run_until(async { /* a shutdown signal */ })
+//!     .run_until_signal() // SIGINT or SIGTERM: drain in-flight handlers, then stop
 //!     .await?;
 //! # Ok(()) }
 //! ```
 //!
 //! Guides: `docs/ARCHITECTURE.md`, `docs/GUARANTEES.md`, `docs/RETRY-AND-PARKING.md`,
-//! `docs/BROKER-VERSIONS.md`, `docs/TESTING-HANDLERS.md`, `docs/OPERATOR-CLI.md` in the
+//! `docs/BROKER-VERSIONS.md`, `docs/TESTING-HANDLERS.md`, `docs/OPERATOR-CLI.md`,
+//! `docs/OBSERVABILITY.md` in the
 //! repository.
 
 pub use rabbitkit_core::{
-    AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery, Envelope, Error,
-    ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome, ParkedMessage,
-    Parking, PendingConfirm, Permanent, PublishOutcome, Publisher, PublisherConfig, PublisherStats,
-    QueueType, ReplayOptions, ReplayReport, Result, RetryPolicy, Settle, SettleReport, Subscriber,
-    SubscriberStats, Topology, TopologyMode, Worker, WorkerHandle, WorkerReport,
+    AckCoalescing, AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery,
+    Envelope, Error, ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome,
+    ParkedMessage, Parking, PendingConfirm, Permanent, PublishOutcome, Publisher, PublisherConfig,
+    PublisherStats, QueueType, ReplayOptions, ReplayReport, Result, RetryPolicy, Settle,
+    SettleReport, Subscriber, SubscriberStats, TlsConfig, Topology, TopologyMode, Worker,
+    WorkerHandle, WorkerReport, shutdown_signal,
 };
 pub use rabbitkit_core::{
-    amqp, config, decide, extract, handler, headers, idempotency, observe, parking, retry,
-    topology, worker,
+    amqp, coalesce, config, decide, extract, handler, headers, idempotency, kind, observe, parking,
+    retry, topology, worker,
 };
 
 #[cfg(feature = "cli")]
@@ -125,10 +131,16 @@ pub mod prelude {
 /// | `max_attempts` | `5` | [`RetryPolicy::max_attempts`] |
 /// | `immediate_retries` | `2` | [`RetryPolicy::immediate_retries`] |
 /// | `jitter` | `true` / `false` | [`RetryPolicy::jitter`] |
+/// | `on_kind` | `("inventory", retry = ["30s", "5m"], max_attempts = 10)` or `("validation", park = true)`; once per kind | [`RetryPolicy::on_kind`] with a [`KindPolicy`](kind::KindPolicy) |
 /// | `prefetch` | `50` (1..=65535) | [`Subscriber::prefetch`] |
 /// | `concurrency` | `8` (at least 1) | [`Subscriber::concurrency`] |
 /// | `deadline` | `"30s"` | [`Subscriber::deadline`] |
+/// | `ack_coalescing` | `(32, "5ms")`: max acks (1..=prefetch), max delay (at most 1 s); off by default | [`Subscriber::ack_coalescing`] |
 /// | `crate` | `"::my::rabbitkit"` (default `::rabbitkit`) | where the facade is |
+///
+/// `on_kind` is the attribute's form of `[subscribers.retry.kinds.KIND]` in a worker config
+/// file: `park = true` parks failures of that kind at once; `retry` and `max_attempts` give
+/// them their own tiers and limit, the subscriber's policy filling in what is left out.
 ///
 /// Compile errors point at the offending token: an unknown key, a value of the wrong type,
 /// a bad duration, a non-async or generic function, `ack = "manual"` without a [`Settle`]
@@ -142,5 +154,6 @@ pub mod __private {
     pub use core::time::Duration;
     pub use rabbitkit_core::{
         AckPolicy, IntoSubscriber, ManualFallback, QueueType, RetryPolicy, Subscriber,
+        kind::KindPolicy,
     };
 }

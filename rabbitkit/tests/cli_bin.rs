@@ -101,3 +101,97 @@ fn the_binary_reads_rabbitkit_url_and_an_unroutable_publish_exits_one() {
     let err = text(&o.stderr);
     assert!(err.contains("not confirmed: returned"), "{err}");
 }
+
+/// Runs the binary against the broker under test (`RABBITKIT_URL`).
+fn against_broker(args: &[&str]) -> Output {
+    let url = std::env::var("RABBITKIT_URL")
+        .expect("RABBITKIT_URL is not set: run scripts/test, or export it for a test broker");
+    Command::new(env!("CARGO_BIN_EXE_rabbitkit"))
+        .args(args)
+        .env("RABBITKIT_URL", &url)
+        .output()
+        .expect("run the rabbitkit binary")
+}
+
+#[test]
+fn the_binary_migrates_classic_tiers_into_quorum_tiers() {
+    let q = format!("rabbitkit-cli-bin-migrate-{}", std::process::id());
+    let (retry_x, old, new) = (
+        format!("{q}.retry"),
+        format!("{q}.retry.30s"),
+        format!("{q}.delay.30s"),
+    );
+    let ok = |o: &Output| {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}{}",
+            text(&o.stdout),
+            text(&o.stderr)
+        );
+        text(&o.stdout)
+    };
+    // The topology of an earlier release, and two copies waiting in its classic tier.
+    ok(&against_broker(&[
+        "topology",
+        "apply",
+        &q,
+        "--tiers",
+        "30s",
+        "--classic-tiers",
+    ]));
+    for _ in 0..2 {
+        ok(&against_broker(&[
+            "publish",
+            "--exchange",
+            &retry_x,
+            "--routing-key",
+            &old,
+            "--body",
+            "copy",
+            "--header",
+            "tenant=acme",
+        ]));
+    }
+    let out = ok(&against_broker(&[
+        "topology", "migrate", &q, "--tiers", "30s",
+    ]));
+    assert!(
+        out.contains(&format!(
+            "migrated   30s: 2 moved from {old:?} into {new:?}; {old:?} deleted"
+        )),
+        "{out}"
+    );
+    let out = ok(&against_broker(&[
+        "topology", "migrate", &q, "--tiers", "30s",
+    ]));
+    assert!(
+        out.contains(&format!("absent     30s: no {old:?}")),
+        "{out}"
+    );
+    // The quorum topology checks out; what the test declared is removed.
+    ok(&against_broker(&[
+        "topology", "check", &q, "--tiers", "30s",
+    ]));
+    cleanup(&q, &[&q, &format!("{q}.parking"), &new], &retry_x);
+}
+
+fn cleanup(what: &str, queues: &[&str], exchange: &str) {
+    let url = std::env::var("RABBITKIT_URL").unwrap_or_default();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let c = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| panic!("cleanup of {what}: {e}"));
+        let ch = c.create_channel().await.expect("channel");
+        for q in queues {
+            ch.queue_delete((*q).into(), Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("delete {q}: {e}"));
+        }
+        ch.exchange_delete(exchange.into(), Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete {exchange}: {e}"));
+        let _ = c.close(200, "".into()).await;
+    });
+}

@@ -1,178 +1,214 @@
-//! Consume throughput: a rabbitkit `Worker` against hand-written lapin consumers, same queue,
-//! same run, alternating rounds. 256-byte persistent messages, prefetch 200.
+//! Consume throughput: a rabbitkit `Worker` against the best hand-written lapin consumers,
+//! same queue, same process, alternating rounds. 256-byte persistent messages, prefetch 200.
 //!
-//! Each run preloads the work queue with N messages (untimed, raw pipelined publisher), then
-//! starts the consumer. The clock (and the CPU meters) start at the first delivery the
-//! consumer sees and stop when the N-th message is settled:
-//! - (a) success path — settled = acked. rabbitkit: a `Subscriber` whose handler returns
-//!   `Ok`, done when `SubscriberStats.acked == N`. raw: `basic_consume`, then `ack` each,
-//!   either awaited in the consume loop or in a task spawned per delivery (as the worker
-//!   does).
-//! - (b) failure path — settled = a confirmed retry copy published **and** the original
-//!   acked after that confirm. rabbitkit: the handler always fails, one retry tier of 1m
-//!   (copies stay in the tier during the run), done when `retried == N && acked == N`. raw:
-//!   consume → publish a copy on a confirm channel of a second connection → ack the original
-//!   once its confirm is in, up to prefetch deliveries in flight. Raw variants:
-//!   - `plain copy`: body and properties plus one header, default exchange, one channel;
-//!   - `kit-shaped copy`: the headers of a real rabbitkit retry copy, through the retry
-//!     exchange into the tier queue (what the broker gets from rabbitkit), one channel;
-//!   - `kit-shaped, 64 ch x 1`: the same through 64 confirm channels with one publish in
-//!     flight each (the publisher's design).
+//! Each run preloads the work queue with N messages (untimed), then starts the consumer.
+//! The clock (and the CPU meters) start at the first delivery the consumer sees and stop
+//! when the N-th message is settled:
+//! - success path: settled = acked. rabbitkit: a `Subscriber` whose handler returns `Ok`,
+//!   one ack frame per message, and with ack coalescing (`Subscriber::ack_coalescing`,
+//!   half the prefetch or 5 ms); on a classic and on a quorum work queue. Raw (best found):
+//!   one task polls the consumer stream and a `FuturesUnordered` of per-message `ack`
+//!   futures, so acks are written without the loop waiting for each one, with no spawning;
+//!   on a current-thread and on a multi-thread runtime.
+//! - failure path: settled = a confirmed copy published **and** the original acked after
+//!   that confirm. rabbitkit: the handler always fails; one retry tier (1 h, so no copy comes
+//!   back during a run), classic tiers and quorum tiers (the default). Raw (best found):
+//!   one task polls the consumer stream and a `FuturesUnordered` of per-delivery futures
+//!   "publish the copy (original body and properties plus one header, mandatory, default
+//!   exchange) on a confirm channel of the same connection → await its confirm → ack",
+//!   at most prefetch in flight; copies go to a classic queue and, for the quorum
+//!   comparison, to a quorum queue; on both runtimes.
 //!
-//! rabbitkit runs twice per round on the failure path: with `.prefetch(200)` only, and with
-//! `.concurrency(200)` plus a 200-wide publisher window.
+//! `BENCH_ALTERNATIVES=1` (the default) also runs the other raw structures tried, so the
+//! report shows why the baselines above are the best: acks awaited one by one in the loop,
+//! and a task spawned per delivery (success and failure path). Any raw variant that is
+//! faster becomes "best raw" in the ratios.
 //!
-//! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID` (optional:
-//! also report the broker's CPU), `BENCH_ROUNDS` (5), `BENCH_OK_MESSAGES` (20000),
-//! `BENCH_FAIL_MESSAGES` (10000).
+//! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID`,
+//! `BENCH_ROUNDS` (5), `BENCH_OK_MESSAGES` (20000), `BENCH_FAIL_MESSAGES` (10000),
+//! `BENCH_ALTERNATIVES` (1), `BENCH_REPORT_DIR` (where `consume.md` goes).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
-};
+use futures_util::stream::FuturesUnordered;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
-use rabbitkit_core::{
-    BoxError, ConnectionConfig, PublisherConfig, RetryPolicy, SubscriberStats, Worker,
-};
-use tokio::sync::{Notify, mpsc};
+use rabbitkit_core::QueueType;
 
-use common::{Mark, Meter, Sample, Series};
+use common::kit::{self, Spec};
+use common::report::Report;
+use common::{Flavor, Mark, Meter, PREFETCH, Runtimes, Sample, Series};
 
-const PREFETCH: u16 = 200;
-/// The one retry tier: long enough that no copy comes back during a run.
-const TIER: Duration = Duration::from_secs(60);
+/// How a raw consumer is structured.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Shape {
+    /// One task: the consumer stream and a `FuturesUnordered` of settlements.
+    Unordered,
+    /// Each ack awaited in the consume loop before the next delivery (success path only).
+    Awaited,
+    /// A task spawned per delivery.
+    Spawned,
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
-    RawAck { spawned: bool },
-    KitOk,
-    RawRetry { shaped: bool, pool: bool },
-    KitRetry { tuned: bool },
+    /// Acks on a work queue of this type.
+    RawOk(Flavor, Shape, QueueType),
+    /// On a work queue of this type; acks coalesced or not.
+    KitOk(QueueType, bool),
+    /// Copies into a queue of this type.
+    RawFail(Flavor, Shape, QueueType),
+    /// Copies into tiers of this type.
+    KitFail(QueueType),
+}
+
+fn qt(t: QueueType) -> &'static str {
+    match t {
+        QueueType::Classic => "classic",
+        QueueType::Quorum => "quorum",
+    }
 }
 
 impl Variant {
-    fn label(self) -> &'static str {
+    fn label(self) -> String {
+        let shape = |s: Shape, what: &str| match s {
+            Shape::Unordered => format!("1 task, FuturesUnordered of {what}"),
+            Shape::Awaited => format!("{what} awaited one by one"),
+            Shape::Spawned => format!("task spawned per delivery ({what})"),
+        };
         match self {
-            Variant::RawAck { spawned: false } => "raw lapin consume+ack (awaited)",
-            Variant::RawAck { spawned: true } => "raw lapin consume+ack (spawned)",
-            Variant::KitOk => "rabbitkit Ok (prefetch 200)",
-            Variant::RawRetry {
-                shaped: false,
-                pool: _,
-            } => "raw plain copy, 1 ch",
-            Variant::RawRetry {
-                shaped: true,
-                pool: false,
-            } => "raw kit-shaped copy, 1 ch",
-            Variant::RawRetry {
-                shaped: true,
-                pool: true,
-            } => "raw kit-shaped copy, 64 ch x 1",
-            Variant::KitRetry { tuned: false } => "rabbitkit retry (prefetch 200)",
-            Variant::KitRetry { tuned: true } => "rabbitkit retry (+conc/window 200)",
+            Variant::RawOk(f, s, w) => format!(
+                "raw lapin, {} queue, {}, {}",
+                qt(w),
+                shape(s, "acks"),
+                f.label()
+            ),
+            Variant::KitOk(w, false) => format!("rabbitkit Ok, {} queue, multi-thread", qt(w)),
+            Variant::KitOk(w, true) => format!(
+                "rabbitkit Ok, {} queue, acks coalesced ({}, {} ms), multi-thread",
+                qt(w),
+                kit::COALESCE.0,
+                kit::COALESCE.1.as_millis()
+            ),
+            Variant::RawFail(f, s, t) => format!(
+                "raw lapin, {}, copy → {} queue, {}",
+                shape(s, "copy→confirm→ack"),
+                qt(t),
+                f.label()
+            ),
+            Variant::KitFail(t) => format!("rabbitkit retry, {} tiers, multi-thread", qt(t)),
         }
     }
 
-    fn fails(self) -> bool {
-        matches!(self, Variant::RawRetry { .. } | Variant::KitRetry { .. })
+    fn raw(self) -> bool {
+        matches!(self, Variant::RawOk(..) | Variant::RawFail(..))
     }
 
-    /// Where this variant's copies land.
-    fn copies(self, ctx: &Ctx) -> &str {
+    /// The type of the work queue this variant consumes.
+    fn work(self) -> QueueType {
         match self {
-            Variant::RawRetry { shaped: false, .. } => &ctx.raw_copies,
-            _ => &ctx.tier_queue,
+            Variant::RawOk(_, _, w) | Variant::KitOk(w, _) => w,
+            Variant::RawFail(..) | Variant::KitFail(_) => QueueType::Classic,
+        }
+    }
+
+    fn flavor(self) -> Flavor {
+        match self {
+            Variant::RawOk(f, ..) | Variant::RawFail(f, ..) => f,
+            Variant::KitOk(..) | Variant::KitFail(_) => Flavor::Multi,
         }
     }
 }
 
 struct Ctx {
     url: String,
+    /// The classic work queue.
     queue: String,
-    tier_queue: String,
-    retry_exchange: String,
-    raw_copies: String,
+    /// The quorum work queue (success path).
+    quorum_queue: String,
+    raw_copies_classic: String,
+    raw_copies_quorum: String,
     body: Vec<u8>,
     admin: Channel,
     loader: Channel,
     meter: Arc<Meter>,
-    /// The headers of a real rabbitkit retry copy (taken after the warm-up).
-    template: OnceLock<FieldTable>,
-}
-
-/// Completion of the N-th settlement, recorded by whichever task gets there.
-struct Done {
-    count: AtomicUsize,
-    n: usize,
-    end: OnceLock<Mark>,
-    finished: Notify,
-    meter: Arc<Meter>,
-}
-
-impl Done {
-    fn new(n: usize, meter: Arc<Meter>) -> Arc<Self> {
-        Arc::new(Self {
-            count: AtomicUsize::new(0),
-            n,
-            end: OnceLock::new(),
-            finished: Notify::new(),
-            meter,
-        })
-    }
-
-    fn one(&self) {
-        if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
-            let _ = self.end.set(self.meter.mark());
-            self.finished.notify_one();
-        }
-    }
-
-    async fn wait(&self) -> Mark {
-        self.finished.notified().await;
-        *self.end.get().expect("end mark")
-    }
 }
 
 impl Ctx {
-    async fn run(&self, v: Variant, n: usize) -> Sample {
-        for q in [&self.queue, &self.tier_queue, &self.raw_copies] {
-            common::purge(&self.admin, q).await;
+    /// The work queue of a variant.
+    fn work(&self, v: Variant) -> &str {
+        match v.work() {
+            QueueType::Classic => &self.queue,
+            QueueType::Quorum => &self.quorum_queue,
         }
-        common::preload(&self.loader, &self.queue, &self.body, n).await;
-        common::reset_peak();
-        let (start, end) = match v {
-            Variant::RawAck { spawned } => self.raw_ack(n, spawned).await,
-            Variant::RawRetry { shaped, pool } => self.raw_retry(n, shaped, pool).await,
-            Variant::KitOk => self.kit(n, false, false).await,
-            Variant::KitRetry { tuned } => self.kit(n, true, tuned).await,
-        };
-        let sample = Meter::sample(n, start, end);
-        let left = common::depth(&self.admin, &self.queue).await;
-        assert_eq!(left, 0, "{v:?}: {left} messages left in the work queue");
-        if v.fails() {
-            let copies = v.copies(self);
-            let c = common::depth(&self.admin, copies).await as usize;
-            assert_eq!(c, n, "{v:?}: {c} copies in {copies}, expected {n}");
-        }
-        sample
     }
 
-    async fn consumer(&self, conn: &Connection) -> (Channel, lapin::Consumer) {
+    /// Where the copies of a failing variant land.
+    fn copies(&self, v: Variant) -> Option<String> {
+        match v {
+            Variant::RawFail(_, _, QueueType::Classic) => Some(self.raw_copies_classic.clone()),
+            Variant::RawFail(_, _, QueueType::Quorum) => Some(self.raw_copies_quorum.clone()),
+            Variant::KitFail(t) => Some(kit::copies_queue(&self.queue, t)),
+            _ => None,
+        }
+    }
+
+    /// Untimed: empties the queues and preloads N messages (on the multi-thread runtime,
+    /// where the admin and loader connections live).
+    async fn prepare(&self, v: Variant, n: usize) {
+        common::purge(&self.admin, self.work(v)).await;
+        if let Some(c) = self.copies(v) {
+            common::purge(&self.admin, &c).await;
+        }
+        common::preload(&self.loader, self.work(v), &self.body, n).await;
+    }
+
+    /// Checks the queues after a run.
+    async fn check(&self, v: Variant, n: usize) {
+        let settle = Duration::from_secs(10);
+        let left = common::depth_settled(&self.admin, self.work(v), 0, settle).await;
+        assert_eq!(left, 0, "{v:?}: {left} messages left in the work queue");
+        if let Some(c) = self.copies(v) {
+            let d = common::depth_settled(&self.admin, &c, n as u32, settle).await as usize;
+            assert_eq!(d, n, "{v:?}: {d} copies in {c}, expected {n}");
+        }
+    }
+
+    /// The timed part, on the variant's runtime.
+    async fn measure(&self, v: Variant, n: usize) -> Sample {
+        common::reset_peak();
+        let (start, end) = match v {
+            Variant::RawOk(_, shape, _) => self.raw(self.work(v), n, shape, None).await,
+            Variant::RawFail(_, shape, t) => {
+                let copies = self.copies(v).expect("copies queue");
+                self.raw(self.work(v), n, shape, Some((copies.as_str(), t)))
+                    .await
+            }
+            Variant::KitOk(w, coalesce) => self.kit(v, n, Spec::ok(w, coalesce)).await,
+            Variant::KitFail(t) => self.kit(v, n, Spec::fail(t)).await,
+        };
+        Meter::sample(n, &start, &end)
+    }
+
+    async fn kit(&self, v: Variant, n: usize, spec: Spec) -> (Mark, Mark) {
+        let r = kit::run(&self.url, self.work(v), spec, n, self.meter.clone(), None).await;
+        (r.start, r.end)
+    }
+
+    async fn consumer(&self, conn: &Connection, queue: &str) -> (Channel, lapin::Consumer) {
         let ch = conn.create_channel().await.expect("channel");
         ch.basic_qos(PREFETCH, BasicQosOptions { global: false })
             .await
             .expect("basic.qos");
         let consumer = ch
             .basic_consume(
-                self.queue.as_str().into(),
+                queue.into(),
                 "rk-bench-raw".into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
@@ -182,357 +218,307 @@ impl Ctx {
         (ch, consumer)
     }
 
-    async fn raw_ack(&self, n: usize, spawned: bool) -> (Mark, Mark) {
+    /// A raw consumer of `n` messages: acks only, or (`copy` = target queue) a confirmed
+    /// copy then the ack.
+    async fn raw(
+        &self,
+        queue: &str,
+        n: usize,
+        shape: Shape,
+        copy: Option<(&str, QueueType)>,
+    ) -> (Mark, Mark) {
         let conn = common::connect(&self.url).await;
-        let (_ch, mut consumer) = self.consumer(&conn).await;
-        let done = Done::new(n, self.meter.clone());
+        let (ch, mut consumer) = self.consumer(&conn, queue).await;
+        // The copies' confirm channel shares the consumer's connection.
+        let pch = match copy {
+            Some(_) => Some(common::confirm_channel(&conn).await),
+            None => None,
+        };
+        let target = copy.map(|(q, _)| q);
+        let copy_to = pch.as_ref().zip(target);
         let mut start = None;
-        let mut count = 0;
-        while let Some(d) = consumer.next().await {
-            let d = d.expect("delivery");
-            if start.is_none() {
-                start = Some(self.meter.mark());
-            }
-            if spawned {
-                let done = done.clone();
-                tokio::spawn(async move {
-                    d.ack(BasicAckOptions::default()).await.expect("ack");
-                    done.one();
-                });
-            } else {
-                d.ack(BasicAckOptions::default()).await.expect("ack");
-                done.one();
-            }
-            count += 1;
-            if count == n {
-                break;
-            }
-        }
-        let end = done.wait().await;
-        let _ = conn.close(200, "bench run done".into()).await;
-        (start.expect("no delivery"), end)
-    }
-
-    async fn raw_retry(&self, n: usize, shaped: bool, pool: bool) -> (Mark, Mark) {
-        let conn = common::connect(&self.url).await;
-        let pub_conn = common::connect(&self.url).await;
-        let width = if pool {
-            PublisherConfig::default().max_in_flight
-        } else {
-            1
-        };
-        // Idle confirm channels; with one channel it is shared by every publish in flight.
-        let (idle_tx, mut idle_rx) = mpsc::unbounded_channel();
-        let mut channels = Vec::new();
-        for _ in 0..width {
-            let ch = common::confirm_channel(&pub_conn).await;
-            if pool {
-                idle_tx.send(ch.clone()).expect("pool");
-            }
-            channels.push(ch);
-        }
-        let (exchange, routing_key) = if shaped {
-            (self.retry_exchange.as_str(), self.tier_queue.as_str())
-        } else {
-            ("", self.raw_copies.as_str())
-        };
-        let template = self.template.get().cloned().unwrap_or_default();
-        let (_ch, mut consumer) = self.consumer(&conn).await;
-        let done = Done::new(n, self.meter.clone());
-        let mut start = None;
-        let mut count = 0;
-        while let Some(d) = consumer.next().await {
-            let d = d.expect("delivery");
-            if start.is_none() {
-                start = Some(self.meter.mark());
-            }
-            let mut headers = d.properties.headers().clone().unwrap_or_default();
-            if shaped {
-                for (k, v) in template.inner() {
-                    headers.insert(k.clone(), v.clone());
+        let end = match shape {
+            Shape::Unordered => {
+                let mut pending = FuturesUnordered::new();
+                let (mut received, mut settled) = (0, 0);
+                while settled < n {
+                    tokio::select! {
+                        biased;
+                        Some(()) = pending.next(), if !pending.is_empty() => settled += 1,
+                        d = consumer.next(), if received < n => {
+                            let d = d.expect("consumer ended").expect("delivery");
+                            if start.is_none() {
+                                start = Some(self.meter.mark());
+                            }
+                            received += 1;
+                            pending.push(settle(d, copy_to));
+                        }
+                    }
                 }
-            } else {
-                headers.insert("x-bench-attempt".into(), AMQPValue::LongLongInt(2));
+                self.meter.mark()
             }
-            let props = d.properties.clone().with_headers(headers);
-            let ch = if pool {
-                idle_rx.recv().await.expect("idle channel")
-            } else {
-                channels[0].clone()
-            };
-            let confirm = ch
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &d.data,
-                    props,
-                )
-                .await
-                .expect("publish copy");
-            let done = done.clone();
-            let idle = idle_tx.clone();
-            tokio::spawn(async move {
-                common::check_confirm(Some(confirm.await));
-                if pool {
-                    let _ = idle.send(ch);
+            Shape::Awaited => {
+                for _ in 0..n {
+                    let d = consumer
+                        .next()
+                        .await
+                        .expect("consumer ended")
+                        .expect("delivery");
+                    if start.is_none() {
+                        start = Some(self.meter.mark());
+                    }
+                    settle(d, copy_to).await;
                 }
-                d.ack(BasicAckOptions::default()).await.expect("ack");
-                done.one();
-            });
-            count += 1;
-            if count == n {
-                break;
+                self.meter.mark()
             }
-        }
-        let end = done.wait().await;
-        let _ = conn.close(200, "bench run done".into()).await;
-        let _ = pub_conn.close(200, "bench run done".into()).await;
-        (start.expect("no delivery"), end)
-    }
-
-    async fn kit(&self, n: usize, fail: bool, tuned: bool) -> (Mark, Mark) {
-        let first: Arc<OnceLock<Mark>> = Arc::new(OnceLock::new());
-        let f = first.clone();
-        let meter = self.meter.clone();
-        let handler = move || {
-            let f = f.clone();
-            let meter = meter.clone();
-            async move {
-                f.get_or_init(|| meter.mark());
-                if fail {
-                    Err::<(), BoxError>("bench failure".into())
-                } else {
-                    Ok(())
+            Shape::Spawned => {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                for _ in 0..n {
+                    let d = consumer
+                        .next()
+                        .await
+                        .expect("consumer ended")
+                        .expect("delivery");
+                    if start.is_none() {
+                        start = Some(self.meter.mark());
+                    }
+                    let tx = tx.clone();
+                    let owned = copy_to.map(|(c, q)| (c.clone(), q.to_owned()));
+                    tokio::spawn(async move {
+                        settle(d, owned.as_ref().map(|(c, q)| (c, q.as_str()))).await;
+                        let _ = tx.send(());
+                    });
                 }
+                for _ in 0..n {
+                    rx.recv().await.expect("a settlement task died");
+                }
+                self.meter.mark()
             }
         };
-        let mut sub = rabbitkit_core::Subscriber::new(self.queue.as_str(), handler)
-            .retry(RetryPolicy::new([TIER]))
-            .prefetch(PREFETCH);
-        let mut worker = Worker::new(ConnectionConfig::new(self.url.clone()));
-        if tuned {
-            sub = sub.concurrency(usize::from(PREFETCH));
-            worker = worker.publisher_config(PublisherConfig {
-                max_in_flight: usize::from(PREFETCH),
-                ..Default::default()
-            });
-        }
-        let handle = worker.subscribe(sub).start().await.expect("worker start");
-        let settled =
-            |s: &SubscriberStats| s.acked as usize >= n && (!fail || s.retried as usize >= n);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let s = handle.stats(&self.queue).expect("stats");
-            if settled(&s) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "worker stalled: {s:?}");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let end = self.meter.mark();
-        let report = handle.shutdown().await;
-        let s = report.subscribers[&self.queue];
-        assert_eq!(s.consumed as usize, n, "consumed: {s:?}");
-        assert_eq!(s.settlement_failures, 0, "{s:?}");
-        (*first.get().expect("handler never ran"), end)
-    }
-
-    /// Starts and stops a worker on the empty queue: declares the whole topology.
-    async fn declare(&self) {
-        let sub = rabbitkit_core::Subscriber::new(self.queue.as_str(), || async {
-            Ok::<(), BoxError>(())
-        })
-        .retry(RetryPolicy::new([TIER]))
-        .prefetch(PREFETCH);
-        let h = Worker::new(ConnectionConfig::new(self.url.clone()))
-            .subscribe(sub)
-            .start()
+        // Untimed: let the broker apply the last acks before the connection closes. On a
+        // quorum queue (RabbitMQ 3.10), closing right after the ack futures resolved, even
+        // after a basic.qos round trip on the same channel, left tens of acked messages
+        // ready again (redelivered, as after a crash); with a pause none was.
+        ch.basic_qos(PREFETCH, BasicQosOptions { global: false })
             .await
-            .expect("worker start (topology)");
-        h.shutdown().await;
-        let mut args = FieldTable::default();
-        args.insert("x-message-ttl".into(), AMQPValue::LongInt(60_000));
-        common::declare_durable(&self.admin, &self.raw_copies, args).await;
+            .expect("basic.qos after the acks");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        common::close(conn).await;
+        (start.expect("no delivery"), end)
     }
+}
 
-    /// Keeps the headers of one rabbitkit retry copy from the tier queue.
-    async fn take_template(&self) {
-        let got = self
-            .admin
-            .basic_get(
-                self.tier_queue.as_str().into(),
-                BasicGetOptions { no_ack: true },
+/// Settles one delivery: publishes its copy to `copy` (channel, queue) and awaits the
+/// confirm, if given; then acks it.
+async fn settle(d: lapin::message::Delivery, copy: Option<(&Channel, &str)>) {
+    if let Some((pch, target)) = copy {
+        let mut headers = d.properties.headers().clone().unwrap_or_default();
+        headers.insert("x-bench-attempt".into(), AMQPValue::LongLongInt(2));
+        let confirm = pch
+            .basic_publish(
+                "".into(),
+                target.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &d.data,
+                d.properties.clone().with_headers(headers),
             )
             .await
-            .expect("basic.get")
-            .expect("a rabbitkit retry copy in the tier queue");
-        let headers = got
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        let _ = self.template.set(headers);
+            .expect("publish copy");
+        common::check_confirm(confirm.await);
     }
-
-    async fn cleanup(&self) {
-        let t = rabbitkit_core::Topology::new(self.queue.as_str());
-        for q in [
-            self.queue.clone(),
-            self.tier_queue.clone(),
-            t.parking_queue(),
-            self.raw_copies.clone(),
-        ] {
-            common::delete_queue(&self.admin, &q).await;
-        }
-        common::delete_exchange(&self.admin, &self.retry_exchange).await;
-    }
+    assert!(
+        d.ack(BasicAckOptions::default()).await.expect("ack"),
+        "ack: channel gone"
+    );
 }
 
-/// About the encoded size of a header table, in bytes.
-fn table_size(t: &FieldTable) -> usize {
-    fn value(v: &AMQPValue) -> usize {
-        1 + match v {
-            AMQPValue::LongString(s) => 4 + s.as_bytes().len(),
-            AMQPValue::ShortString(s) => 1 + s.as_str().len(),
-            AMQPValue::FieldTable(t) => table_size(t),
-            AMQPValue::FieldArray(a) => 4 + a.as_slice().iter().map(value).sum::<usize>(),
-            _ => 8,
-        }
-    }
-    4 + t
-        .inner()
-        .iter()
-        .map(|(k, v)| 1 + k.as_str().len() + value(v))
-        .sum::<usize>()
-}
-
-fn report(title: &str, s: &[Series], baseline: usize, kits: &[usize], target: f64) {
-    common::print_table(title, &s.iter().collect::<Vec<_>>());
-    for &k in kits {
-        common::print_ratio(&s[k], &s[baseline], target);
-    }
-}
-
-async fn phase(ctx: &Ctx, variants: &[Variant], rounds: usize, n: usize) -> Vec<Series> {
-    let mut series: Vec<Series> = variants.iter().map(|v| Series::new(v.label())).collect();
-    for r in 0..rounds {
-        // Rotate the order each round so no variant always runs first.
-        for k in 0..variants.len() {
-            let idx = (k + r) % variants.len();
-            let s = ctx.run(variants[idx], n).await;
-            common::print_run(r + 1, &series[idx].name, &s);
-            series[idx].samples.push(s);
-        }
-    }
-    series
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
     let url = common::url();
     let rounds = common::env_usize("BENCH_ROUNDS", 5);
     let ok_n = common::env_usize("BENCH_OK_MESSAGES", 20_000);
     let fail_n = common::env_usize("BENCH_FAIL_MESSAGES", 10_000);
-    let rss_start = common::rss_mib();
+    let alternatives = common::env_usize("BENCH_ALTERNATIVES", 1) != 0;
+    let rts = Runtimes::new();
     let started = Instant::now();
-
-    let admin_conn = common::connect(&url).await;
-    let loader_conn = common::connect(&url).await;
     let queue = format!("rk-bench-consume-{}", common::unique());
-    let ctx = Ctx {
-        url: url.clone(),
-        tier_queue: rabbitkit_core::retry::tier_queue(&queue, TIER),
-        retry_exchange: rabbitkit_core::retry::retry_exchange(&queue),
-        raw_copies: format!("{queue}.raw-copies"),
-        queue: queue.clone(),
-        body: common::body(),
-        admin: admin_conn.create_channel().await.expect("admin channel"),
-        loader: common::confirm_channel(&loader_conn).await,
-        meter: Arc::new(Meter::new()),
-        template: OnceLock::new(),
-    };
+
+    let (ctx, admin_conn, loader_conn) = rts.block_on(Flavor::Multi, async {
+        let admin_conn = common::connect(&url).await;
+        let loader_conn = common::connect(&url).await;
+        let ctx = Ctx {
+            url: url.clone(),
+            raw_copies_classic: format!("{queue}.raw-copies"),
+            raw_copies_quorum: format!("{queue}.raw-copies-quorum"),
+            queue: queue.clone(),
+            quorum_queue: format!("{queue}-quorum"),
+            body: common::body(),
+            admin: admin_conn.create_channel().await.expect("admin channel"),
+            loader: common::confirm_channel(&loader_conn).await,
+            meter: Arc::new(Meter::new()),
+        };
+        // Both tier types of the work queue, and the raw variants' copy queues.
+        kit::declare(&url, &queue, Spec::fail(QueueType::Classic)).await;
+        kit::declare(&url, &queue, Spec::fail(QueueType::Quorum)).await;
+        kit::declare(&url, &ctx.quorum_queue, Spec::ok(QueueType::Quorum, false)).await;
+        common::declare_durable(&ctx.admin, &ctx.raw_copies_classic, FieldTable::default()).await;
+        common::declare_quorum(&ctx.admin, &ctx.raw_copies_quorum).await;
+        (ctx, admin_conn, loader_conn)
+    });
     println!(
         "consume bench: broker {}, queue {queue}, {rounds} rounds, success {ok_n} msgs, \
-         failure {fail_n} msgs, {} B persistent, prefetch {PREFETCH}, retry tier {}",
+         failure {fail_n} msgs, {} B persistent, prefetch {PREFETCH}",
         rabbitkit_core::connection::redact(&url),
-        common::BODY_SIZE,
-        rabbitkit_core::retry::tier_label(TIER)
+        common::BODY_SIZE
     );
-    ctx.declare().await;
 
-    let ok = [
-        Variant::RawAck { spawned: false },
-        Variant::RawAck { spawned: true },
-        Variant::KitOk,
-    ];
-    let fail = [
-        Variant::RawRetry {
-            shaped: false,
-            pool: false,
-        },
-        Variant::KitRetry { tuned: false },
-        Variant::RawRetry {
-            shaped: true,
-            pool: false,
-        },
-        Variant::RawRetry {
-            shaped: true,
-            pool: true,
-        },
-        Variant::KitRetry { tuned: true },
-    ];
-    // Warm-up (untimed); the first rabbitkit retry run leaves the copy whose headers the
-    // kit-shaped raw variants reuse.
-    ctx.run(Variant::KitRetry { tuned: false }, 2_000).await;
-    ctx.take_template().await;
-    for v in ok.iter().chain(fail.iter()) {
-        ctx.run(*v, 2_000).await;
+    let run = |v: Variant, n: usize| -> Sample {
+        rts.block_on(Flavor::Multi, ctx.prepare(v, n));
+        let s = rts.block_on(v.flavor(), ctx.measure(v, n));
+        rts.block_on(Flavor::Multi, ctx.check(v, n));
+        s
+    };
+
+    let mut ok = Vec::new();
+    for w in [QueueType::Classic, QueueType::Quorum] {
+        ok.extend([
+            Variant::RawOk(Flavor::Current, Shape::Unordered, w),
+            Variant::RawOk(Flavor::Multi, Shape::Unordered, w),
+            Variant::KitOk(w, false),
+            Variant::KitOk(w, true),
+        ]);
     }
-    let ok_series = phase(&ctx, &ok, rounds, ok_n).await;
-    let fail_series = phase(&ctx, &fail, rounds, fail_n).await;
-    ctx.cleanup().await;
-    let _ = admin_conn.close(200, "bench done".into()).await;
-    let _ = loader_conn.close(200, "bench done".into()).await;
+    let mut fail = vec![
+        Variant::RawFail(Flavor::Current, Shape::Unordered, QueueType::Classic),
+        Variant::RawFail(Flavor::Multi, Shape::Unordered, QueueType::Classic),
+        Variant::KitFail(QueueType::Classic),
+        Variant::RawFail(Flavor::Current, Shape::Unordered, QueueType::Quorum),
+        Variant::RawFail(Flavor::Multi, Shape::Unordered, QueueType::Quorum),
+        Variant::KitFail(QueueType::Quorum),
+    ];
+    if alternatives {
+        ok.push(Variant::RawOk(
+            Flavor::Current,
+            Shape::Awaited,
+            QueueType::Classic,
+        ));
+        ok.push(Variant::RawOk(
+            Flavor::Multi,
+            Shape::Spawned,
+            QueueType::Classic,
+        ));
+        fail.push(Variant::RawFail(
+            Flavor::Multi,
+            Shape::Spawned,
+            QueueType::Classic,
+        ));
+    }
+    let with_series = |vs: &[Variant]| -> Vec<(Variant, Series)> {
+        vs.iter()
+            .map(|v| (*v, Series::new(v.label(), v.raw())))
+            .collect()
+    };
+    let ok = with_series(&ok);
+    let fail = with_series(&fail);
 
-    report(
-        &format!("(a) success path, {ok_n} msgs per round: first delivery -> N acked"),
-        &ok_series,
-        1,
-        &[2],
-        0.95,
-    );
-    common::print_ratio(&ok_series[2], &ok_series[0], 0.95);
-    report(
+    // Warm-up (untimed).
+    for (v, _) in ok.iter().chain(fail.iter()) {
+        run(*v, 2_000.min(ok_n).min(fail_n));
+    }
+    let ok_series = common::rounds(&ok, rounds, |v| run(v, ok_n));
+    let fail_series = common::rounds(&fail, rounds, |v| run(v, fail_n));
+
+    rts.block_on(Flavor::Multi, async {
+        kit::cleanup(&ctx.admin, &queue).await;
+        kit::cleanup(&ctx.admin, &ctx.quorum_queue).await;
+        common::delete_queue(&ctx.admin, &ctx.raw_copies_classic).await;
+        common::delete_queue(&ctx.admin, &ctx.raw_copies_quorum).await;
+        common::close(admin_conn).await;
+        common::close(loader_conn).await;
+    });
+
+    let mut report = Report::open("consume");
+    report.table(
         &format!(
-            "(b) failure path, {fail_n} msgs per round: first delivery -> N confirmed copies + N originals acked"
+            "Success path: {ok_n} preloaded messages, prefetch {PREFETCH} — first delivery → N-th ack"
+        ),
+        &ok_series,
+    );
+    // Per work-queue type: rabbitkit acking each message against the best raw per-message
+    // ack loop (target 1.0x), and with coalesced acks against the same loop (target 1.3x).
+    for w in [QueueType::Classic, QueueType::Quorum] {
+        let of_w: Vec<(Variant, Series)> = ok
+            .iter()
+            .zip(&ok_series)
+            .filter(|((v, _), _)| v.work() == w)
+            .map(|((v, _), s)| (*v, s.clone()))
+            .collect();
+        let raws: Vec<Series> = of_w.iter().map(|(_, s)| s.clone()).collect();
+        let best = Report::best_raw(&raws).expect("a raw variant").clone();
+        let kit_of = |c: bool| {
+            of_w.iter()
+                .find(|(v, _)| *v == Variant::KitOk(w, c))
+                .map(|(_, s)| s.clone())
+                .expect("rabbitkit variant")
+        };
+        let (each, coalesced) = (kit_of(false), kit_of(true));
+        let q = qt(w);
+        report.compare(
+            &format!("success path ({q} queue)"),
+            &each,
+            &best,
+            Some(1.0),
+            Some(1.5),
+        );
+        report.compare(
+            &format!("success path, acks coalesced ({q} queue)"),
+            &coalesced,
+            &best,
+            Some(1.3),
+            Some(1.5),
+        );
+        report.compare(
+            &format!("ack coalescing gain ({q} queue)"),
+            &coalesced,
+            &each,
+            None,
+            None,
+        );
+    }
+    report.table(
+        &format!(
+            "Failure path: {fail_n} preloaded messages, prefetch {PREFETCH}, every one copied (confirmed) then acked — first delivery → N-th ack"
         ),
         &fail_series,
-        0,
-        &[1, 4],
-        0.9,
     );
-    common::print_ratio(&fail_series[1], &fail_series[2], 0.9);
-    common::print_ratio(&fail_series[1], &fail_series[3], 0.9);
-    println!(
-        "retry copy headers (kit-shaped raw copies reuse them): {} headers, about {} bytes",
-        ctx.template.get().map_or(0, |t| t.inner().len()),
-        ctx.template.get().map_or(0, table_size)
-    );
-    println!(
-        "\nRSS: start {rss_start:.1} MiB, end {:.1} MiB; VmHWM at end (since the last reset) {:.1} MiB; \
-         max peak of any run {:.1} MiB; total time {:.1} s",
-        common::rss_mib(),
-        common::hwm_mib(),
-        ok_series
-            .iter()
-            .chain(fail_series.iter())
-            .map(Series::max_peak)
-            .fold(0.0, f64::max),
+    let of_type = |t: QueueType| -> Vec<Series> {
+        fail.iter()
+            .zip(&fail_series)
+            .filter(|((v, _), _)| match v {
+                Variant::RawFail(_, _, q) | Variant::KitFail(q) => *q == t,
+                _ => false,
+            })
+            .map(|(_, s)| s.clone())
+            .collect()
+    };
+    for (t, targeted) in [(QueueType::Classic, true), (QueueType::Quorum, true)] {
+        let s = of_type(t);
+        let best = Report::best_raw(&s).expect("a raw variant").clone();
+        for kit in s.iter().filter(|s| !s.raw) {
+            let workload = format!("failure path ({} copies)", qt(t));
+            report.compare(
+                &workload,
+                kit,
+                &best,
+                targeted.then_some(0.9),
+                targeted.then_some(1.5),
+            );
+        }
+    }
+    report.line(format!(
+        "\nTotal bench time {:.0} s.",
         started.elapsed().as_secs_f64()
-    );
+    ));
 }

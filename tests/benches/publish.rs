@@ -1,26 +1,33 @@
-//! Publish throughput: rabbitkit's `Publisher` against hand-written pipelined lapin confirms,
-//! same workload, same run, alternating rounds.
+//! Publish throughput: rabbitkit's `Publisher` against the best hand-written lapin loop,
+//! same workload, same process, alternating rounds.
 //!
-//! Workload: persistent (`delivery_mode = 2`), 256-byte body, mandatory, default exchange to
-//! one durable classic queue, every publish confirmed. Variants:
-//! - `raw lapin pipelined`: one confirm channel, a bounded window of outstanding
-//!   `PublisherConfirm`s (the same size as the publisher's window);
-//! - `rabbitkit publish_many`: `Publisher::publish_many` (window kept full);
-//! - `raw lapin W ch x 1 in flight`: a pool of W confirm channels with one publish in
-//!   flight on each (the publisher's design before lanes), written directly on lapin, for
-//!   contrast;
-//! - `rabbitkit send+pending`: `Publisher::send` in a loop, `PendingConfirm`s awaited
-//!   concurrently;
-//! - publish-and-wait (one at a time) for both, with fewer messages.
+//! Workload: N persistent (`delivery_mode = 2`), 256-byte, mandatory publishes to one
+//! durable classic queue through the default exchange, every one confirmed, at most W
+//! unconfirmed at once. The clock runs from the first publish to the last confirm.
+//! Variants:
+//! - `raw lapin, 1 task, FuturesUnordered`: one confirm channel; a single task writes a
+//!   publish, pushes its `PublisherConfirm` into a `FuturesUnordered`, and waits for the
+//!   oldest-finished one whenever W are outstanding. No spawning, no locks, no channel
+//!   hand-off: the least client work a confirmed, windowed publish can do with lapin. Run
+//!   on a current-thread and on a multi-thread runtime; the faster is "best raw".
+//! - `raw lapin, W channels × 1 in flight` (with `BENCH_ALTERNATIVES=1`, the default): a
+//!   pool of confirm channels with one publish in flight on each, the structure that
+//!   attributes returns exactly without correlating them; shown for contrast, and best raw
+//!   if it were faster.
+//! - `rabbitkit publish_many`: `Publisher::publish_many` (keeps the window full and yields
+//!   each outcome with exact return/confirm attribution), on both runtimes.
 //!
-//! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID` (optional:
-//! also report the broker's CPU), `BENCH_ROUNDS` (5), `BENCH_MESSAGES`
-//! (20000), `BENCH_WAIT_MESSAGES` (2000), `BENCH_WAIT_ROUNDS` (3), `BENCH_WINDOW` (the
-//! publisher's default window), `BENCH_CHANNELS` (the publisher's default channel count).
+//! Every run opens its own connections (untimed) on its runtime and checks the queue holds
+//! exactly N messages afterwards.
+//!
+//! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID` (the broker's
+//! beam.smp pid, for the broker CPU column), `BENCH_ROUNDS` (5), `BENCH_MESSAGES` (20000),
+//! `BENCH_WINDOW` (256), `BENCH_ALTERNATIVES` (1), `BENCH_REPORT_DIR` (where `publish.md` goes).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,84 +36,138 @@ use futures_util::stream::FuturesUnordered;
 use lapin::options::BasicPublishOptions;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
-use rabbitkit_core::{ConnectionConfig, Envelope, PendingConfirm, Publisher, PublisherConfig};
+use rabbitkit_core::{ConnectionConfig, Envelope, Publisher, PublisherConfig};
 
-use common::{Sample, Series};
+use common::report::Report;
+use common::{Flavor, Meter, Runtimes, Sample, Series};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
-    RawPipelined,
-    RawChannels,
-    KitPublishMany,
-    KitSend,
-    RawWait,
-    KitWait,
+    Raw(Flavor),
+    /// W confirm channels, one publish in flight on each (an alternative, slower).
+    RawPool(Flavor),
+    Kit(Flavor),
+}
+
+impl Variant {
+    fn label(self, window: usize) -> String {
+        match self {
+            Variant::Raw(f) => format!(
+                "raw lapin, 1 task, FuturesUnordered (w={window}), {}",
+                f.label()
+            ),
+            Variant::RawPool(f) => {
+                format!("raw lapin, {window} channels × 1 in flight, {}", f.label())
+            }
+            Variant::Kit(f) => format!("rabbitkit publish_many (w={window}), {}", f.label()),
+        }
+    }
 }
 
 struct Ctx {
+    url: String,
     queue: String,
     body: Bytes,
     window: usize,
-    raw: Channel,
-    pool: Vec<Channel>,
-    admin: Channel,
-    kit: Publisher,
-    meter: common::Meter,
+    meter: Arc<Meter>,
 }
 
 impl Ctx {
+    /// One run on the current runtime: purge, open (untimed), publish N (timed), check.
     async fn run(&self, v: Variant, n: usize) -> Sample {
-        common::purge(&self.admin, &self.queue).await;
-        common::reset_peak();
-        let start = self.meter.mark();
-        match v {
-            Variant::RawPipelined => {
-                common::publish_raw_pipelined(
-                    &self.raw,
-                    &self.queue,
-                    &self.body,
-                    n,
-                    self.window,
-                    false,
-                )
-                .await;
+        let admin_conn = common::connect(&self.url).await;
+        let admin = admin_conn.create_channel().await.expect("admin channel");
+        common::purge(&admin, &self.queue).await;
+        let sample = match v {
+            Variant::Raw(_) => {
+                let conn = common::connect(&self.url).await;
+                let ch = common::confirm_channel(&conn).await;
+                common::reset_peak();
+                let start = self.meter.mark();
+                self.raw(&ch, n).await;
+                let end = self.meter.mark();
+                let s = Meter::sample(n, &start, &end);
+                common::close(conn).await;
+                s
             }
-            Variant::RawChannels => self.raw_channels(n).await,
-            Variant::KitPublishMany => self.kit_publish_many(n).await,
-            Variant::KitSend => self.kit_send(n).await,
-            Variant::RawWait => self.raw_wait(n).await,
-            Variant::KitWait => self.kit_wait(n).await,
-        }
-        let sample = common::Meter::sample(n, start, self.meter.mark());
-        let d = common::depth(&self.admin, &self.queue).await as usize;
+            Variant::RawPool(_) => {
+                let conn = common::connect(&self.url).await;
+                let mut pool = Vec::with_capacity(self.window);
+                for _ in 0..self.window {
+                    pool.push(common::confirm_channel(&conn).await);
+                }
+                common::reset_peak();
+                let start = self.meter.mark();
+                self.raw_pool(&pool, n).await;
+                let end = self.meter.mark();
+                let s = Meter::sample(n, &start, &end);
+                common::close(conn).await;
+                s
+            }
+            Variant::Kit(_) => {
+                let kit = Publisher::new(
+                    ConnectionConfig::new(self.url.clone()),
+                    PublisherConfig {
+                        max_in_flight: self.window,
+                        ..Default::default()
+                    },
+                )
+                .expect("publisher config");
+                kit.connect().await.expect("publisher connect");
+                common::reset_peak();
+                let start = self.meter.mark();
+                self.kit(&kit, n).await;
+                let end = self.meter.mark();
+                let s = Meter::sample(n, &start, &end);
+                kit.close(Duration::from_secs(5)).await;
+                s
+            }
+        };
+        let d = common::depth(&admin, &self.queue).await as usize;
         assert_eq!(d, n, "{v:?}: queue holds {d}, expected {n}");
+        common::close(admin_conn).await;
         sample
     }
 
-    /// Publisher's design without the library: a pool of confirm channels, one publish in
-    /// flight on each.
-    async fn raw_channels(&self, n: usize) {
-        let mut idle: Vec<&Channel> = self.pool.iter().collect();
+    async fn raw(&self, ch: &Channel, n: usize) {
+        let mut pending = FuturesUnordered::new();
+        for _ in 0..n {
+            if pending.len() >= self.window
+                && let Some(c) = pending.next().await
+            {
+                common::check_confirm(c);
+            }
+            pending.push(self.publish(ch).await);
+        }
+        while let Some(c) = pending.next().await {
+            common::check_confirm(c);
+        }
+    }
+
+    /// A pool of confirm channels, one publish in flight on each: exact attribution of
+    /// returns without correlating them, at the cost of a wake-up per channel.
+    async fn raw_pool(&self, pool: &[Channel], n: usize) {
+        let mut idle: Vec<&Channel> = pool.iter().collect();
         let mut pending = FuturesUnordered::new();
         for _ in 0..n {
             let ch = match idle.pop() {
                 Some(ch) => ch,
                 None => {
                     let (ch, c) = pending.next().await.expect("a publish in flight");
-                    common::check_confirm(Some(c));
+                    common::check_confirm(c);
                     ch
                 }
             };
-            let confirm = self.raw_publish(ch).await;
+            let confirm = self.publish(ch).await;
             pending.push(async move { (ch, confirm.await) });
         }
         while let Some((_, c)) = pending.next().await {
-            common::check_confirm(Some(c));
+            common::check_confirm(c);
         }
     }
 
-    /// One persistent, mandatory publish of the workload's body on `ch`.
-    async fn raw_publish(&self, ch: &Channel) -> lapin::PublisherConfirm {
+    /// One publish of the workload (persistent, mandatory, default exchange) on `ch`.
+    async fn publish(&self, ch: &Channel) -> lapin::PublisherConfirm {
         ch.basic_publish(
             "".into(),
             self.queue.as_str().into(),
@@ -121,15 +182,11 @@ impl Ctx {
         .expect("basic.publish")
     }
 
-    fn envelope(&self) -> Envelope {
-        // Envelope defaults: persistent and mandatory.
-        Envelope::new("", self.queue.as_str(), self.body.clone())
-    }
-
-    async fn kit_publish_many(&self, n: usize) {
+    async fn kit(&self, kit: &Publisher, n: usize) {
         let (queue, body) = (self.queue.clone(), self.body.clone());
+        // Envelope defaults: persistent and mandatory.
         let envelopes = (0..n).map(move |_| Envelope::new("", queue.as_str(), body.clone()));
-        let mut results = self.kit.publish_many(envelopes);
+        let mut results = kit.publish_many(envelopes);
         let mut confirmed = 0;
         while let Some((i, r)) = results.next().await {
             match r {
@@ -140,187 +197,94 @@ impl Ctx {
         }
         assert_eq!(confirmed, n);
     }
-
-    async fn kit_send(&self, n: usize) {
-        let mut pending: FuturesUnordered<PendingConfirm> = FuturesUnordered::new();
-        for i in 0..n {
-            // `send` waits for a free slot in the window; drain what is done meanwhile so
-            // the set of pending confirms stays small.
-            while let Some(Some(o)) = futures_util::FutureExt::now_or_never(pending.next()) {
-                assert!(o.is_confirmed(), "publish: {o}");
-            }
-            let p = self
-                .kit
-                .send(self.envelope())
-                .await
-                .unwrap_or_else(|e| panic!("send {i}: {e}"));
-            pending.push(p);
-        }
-        while let Some(o) = pending.next().await {
-            assert!(o.is_confirmed(), "publish: {o}");
-        }
-    }
-
-    async fn raw_wait(&self, n: usize) {
-        for _ in 0..n {
-            let c = self.raw_publish(&self.raw).await.await;
-            common::check_confirm(Some(c));
-        }
-    }
-
-    async fn kit_wait(&self, n: usize) {
-        for i in 0..n {
-            let o = self
-                .kit
-                .publish(self.envelope())
-                .await
-                .unwrap_or_else(|e| panic!("publish {i}: {e}"));
-            assert!(o.is_confirmed(), "publish {i}: {o}");
-        }
-    }
 }
 
-fn label(v: Variant, window: usize) -> String {
-    match v {
-        Variant::RawPipelined => format!("raw lapin pipelined (w={window})"),
-        Variant::RawChannels => format!("raw lapin {window} ch x 1 in flight"),
-        Variant::KitPublishMany => format!("rabbitkit publish_many (w={window})"),
-        Variant::KitSend => format!("rabbitkit send+pending (w={window})"),
-        Variant::RawWait => "raw lapin publish-and-wait".into(),
-        Variant::KitWait => "rabbitkit publish().await".into(),
-    }
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
     let url = common::url();
     let rounds = common::env_usize("BENCH_ROUNDS", 5);
     let n = common::env_usize("BENCH_MESSAGES", 20_000);
-    let wait_n = common::env_usize("BENCH_WAIT_MESSAGES", 2_000);
-    let wait_rounds = common::env_usize("BENCH_WAIT_ROUNDS", 3);
-    let window = common::env_usize("BENCH_WINDOW", PublisherConfig::default().max_in_flight);
-    let channels = common::env_usize("BENCH_CHANNELS", PublisherConfig::default().channels);
-    let rss_start = common::rss_mib();
+    let window = common::env_usize("BENCH_WINDOW", 256);
+    let rts = Runtimes::new();
     let started = Instant::now();
-
-    let raw_conn = common::connect(&url).await;
-    let admin_conn = common::connect(&url).await;
-    let admin = admin_conn.create_channel().await.expect("admin channel");
     let queue = format!("rk-bench-publish-{}", common::unique());
-    common::declare_durable(&admin, &queue, FieldTable::default()).await;
-    let kit = Publisher::new(
-        ConnectionConfig::new(url.clone()),
-        PublisherConfig {
-            max_in_flight: window,
-            channels,
-            ..Default::default()
-        },
-    )
-    .expect("publisher config");
-    kit.connect().await.expect("publisher connect");
-    let mut pool = Vec::new();
-    for _ in 0..window {
-        pool.push(common::confirm_channel(&raw_conn).await);
-    }
     let ctx = Ctx {
+        url: url.clone(),
         queue: queue.clone(),
         body: Bytes::from(common::body()),
         window,
-        raw: common::confirm_channel(&raw_conn).await,
-        pool,
-        admin,
-        kit,
-        meter: common::Meter::new(),
+        meter: Arc::new(Meter::new()),
     };
+    rts.block_on(Flavor::Multi, async {
+        let c = common::connect(&url).await;
+        let ch = c.create_channel().await.expect("channel");
+        common::declare_durable(&ch, &queue, FieldTable::default()).await;
+        common::close(c).await;
+    });
     println!(
-        "publish bench: broker {}, queue {queue}, {rounds} rounds x {n} msgs (pipelined), \
-         {wait_rounds} x {wait_n} (publish-and-wait), {} B persistent mandatory bodies, window {window}, publisher channels {channels}",
+        "publish bench: broker {}, queue {queue}, {rounds} rounds x {n} msgs, {} B persistent \
+         mandatory, window {window}",
         rabbitkit_core::connection::redact(&url),
         common::BODY_SIZE
     );
 
-    // Warm-up (untimed): opens the publisher's channel pool, warms the broker queue process.
-    for v in [
-        Variant::RawPipelined,
-        Variant::KitPublishMany,
-        Variant::KitSend,
-    ] {
-        ctx.run(v, 2_000).await;
-    }
-
-    let pipelined = [
-        Variant::RawPipelined,
-        Variant::KitPublishMany,
-        Variant::RawChannels,
-        Variant::KitSend,
+    let mut variants = vec![
+        Variant::Raw(Flavor::Current),
+        Variant::Raw(Flavor::Multi),
+        Variant::Kit(Flavor::Multi),
+        Variant::Kit(Flavor::Current),
     ];
-    let mut series: Vec<Series> = pipelined
-        .iter()
-        .map(|v| Series::new(label(*v, window)))
-        .collect();
-    for r in 0..rounds {
-        // Rotate the order each round so no variant always runs first.
-        for k in 0..pipelined.len() {
-            let idx = (k + r) % pipelined.len();
-            let s = ctx.run(pipelined[idx], n).await;
-            common::print_run(r + 1, &series[idx].name, &s);
-            series[idx].samples.push(s);
-        }
+    if common::env_usize("BENCH_ALTERNATIVES", 1) != 0 {
+        variants.push(Variant::RawPool(Flavor::Current));
     }
-
-    let waits = [Variant::RawWait, Variant::KitWait];
-    let mut wait_series: Vec<Series> = waits
-        .iter()
-        .map(|v| Series::new(label(*v, window)))
+    let variants: Vec<(Variant, Series)> = variants
+        .into_iter()
+        .map(|v| {
+            (
+                v,
+                Series::new(v.label(window), !matches!(v, Variant::Kit(_))),
+            )
+        })
         .collect();
-    for r in 0..wait_rounds {
-        for k in 0..waits.len() {
-            let idx = (k + r) % waits.len();
-            let s = ctx.run(waits[idx], wait_n).await;
-            common::print_run(r + 1, &wait_series[idx].name, &s);
-            wait_series[idx].samples.push(s);
-        }
+    let flavor = |v: Variant| match v {
+        Variant::Raw(f) | Variant::RawPool(f) | Variant::Kit(f) => f,
+    };
+    // Warm-up (untimed): the broker's queue process, the allocator, the code paths.
+    for (v, _) in &variants {
+        rts.block_on(flavor(*v), ctx.run(*v, n.min(2_000)));
     }
+    let series = common::rounds(&variants, rounds, |v| {
+        rts.block_on(flavor(v), ctx.run(v, n))
+    });
 
-    let st = ctx.kit.stats();
-    common::delete_queue(&ctx.admin, &queue).await;
-    ctx.kit.close(Duration::from_secs(5)).await;
-    let _ = raw_conn.close(200, "bench done".into()).await;
-    let _ = admin_conn.close(200, "bench done".into()).await;
+    rts.block_on(Flavor::Multi, async {
+        let c = common::connect(&url).await;
+        let ch = c.create_channel().await.expect("channel");
+        common::delete_queue(&ch, &queue).await;
+        common::close(c).await;
+    });
 
-    common::print_table(
-        &format!("pipelined, {n} msgs per round (peak = VmHWM during the run)"),
-        &series.iter().collect::<Vec<_>>(),
+    let mut report = Report::open("publish");
+    report.table(
+        &format!(
+            "Publish: {n} × {} B persistent, mandatory, confirmed, window {window} — first publish → last confirm",
+            common::BODY_SIZE
+        ),
+        &series,
     );
-    common::print_ratio(&series[1], &series[0], 0.9);
-    common::print_ratio(&series[3], &series[0], 0.9);
-    common::print_ratio(&series[1], &series[2], 0.9);
-    common::print_table(
-        &format!("publish-and-wait, {wait_n} msgs per round"),
-        &wait_series.iter().collect::<Vec<_>>(),
-    );
-    common::print_ratio(&wait_series[1], &wait_series[0], 0.9);
-    println!(
-        "\npublisher stats: sent {} confirmed {} returned {} nacked {} timed-out {} failed {}; \
-         mean confirm latency {:.2} ms",
-        st.sent,
-        st.confirmed,
-        st.returned,
-        st.nacked,
-        st.timed_out,
-        st.failed,
-        st.confirm_latency_total.as_secs_f64() * 1000.0 / st.confirmed.max(1) as f64
-    );
-    println!(
-        "RSS: start {rss_start:.1} MiB, end {:.1} MiB; VmHWM at end (since the last reset) {:.1} MiB; \
-         max peak of any run {:.1} MiB; total time {:.1} s",
-        common::rss_mib(),
-        common::hwm_mib(),
-        series
-            .iter()
-            .chain(wait_series.iter())
-            .map(Series::max_peak)
-            .fold(0.0, f64::max),
+    let best = Report::best_raw(&series).expect("a raw variant").clone();
+    for kit in series.iter().filter(|s| !s.raw) {
+        // The target is checked on the multi-thread runtime, what `#[tokio::main]` gives.
+        let targeted = kit.name.ends_with(Flavor::Multi.label());
+        report.compare(
+            "publish",
+            kit,
+            &best,
+            targeted.then_some(0.9),
+            targeted.then_some(1.5),
+        );
+    }
+    report.line(format!(
+        "\nTotal bench time {:.0} s.",
         started.elapsed().as_secs_f64()
-    );
+    ));
 }

@@ -11,6 +11,9 @@
     unreachable_pub
 )]
 
+pub mod audit;
+pub mod proxy;
+
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -50,6 +53,8 @@ pub struct Broker {
     pub version: String,
     /// Instance (0 is the shared one).
     pub instance: u32,
+    /// The node number when this is a node of a project cluster (see [`Cluster`]).
+    pub cluster_node: Option<u32>,
 }
 
 const HOW: &str = "no test broker configured: run `scripts/test`, or start one with \
@@ -65,20 +70,40 @@ impl Broker {
             mgmt: get("RABBITKIT_TEST_MGMT").trim_end_matches('/').to_owned(),
             version: get("RABBITKIT_TEST_VERSION"),
             instance: 0,
+            cluster_node: None,
         }
     }
 
     /// A private node of the same version (for alarms and restarts), started through
     /// `scripts/broker` if it is not running. Instance numbers must be unique per test.
     pub fn private(instance: u32) -> Self {
-        let shared = Self::from_env();
-        let out = broker_script(&[
-            "start",
+        Self::private_with(instance, &[])
+    }
+
+    /// A private node with a TLS listener (`scripts/broker start --tls DIR`: the test CA and
+    /// certificates are made in `dir` when it has none) and its `amqps://` base URL.
+    pub fn private_tls(instance: u32, dir: &std::path::Path) -> (Self, String) {
+        let dir = dir.to_string_lossy().into_owned();
+        let broker = Self::private_with(instance, &["--tls", &dir]);
+        let url = broker_script(&[
+            "url",
             "--version",
-            &shared.version,
+            &broker.version,
             "--instance",
             &instance.to_string(),
+            "--base",
+            "--tls",
         ]);
+        let url = String::from_utf8_lossy(&url.stdout).trim().to_owned();
+        (broker, url)
+    }
+
+    fn private_with(instance: u32, extra: &[&str]) -> Self {
+        let shared = Self::from_env();
+        let inst = instance.to_string();
+        let mut args = vec!["start", "--version", &shared.version, "--instance", &inst];
+        args.extend_from_slice(extra);
+        let out = broker_script(&args);
         assert!(
             out.status.success(),
             "cannot start private broker {instance}: {}",
@@ -107,15 +132,31 @@ impl Broker {
             mgmt: String::from_utf8_lossy(&mgmt.stdout).trim().to_owned(),
             version: shared.version,
             instance,
+            cluster_node: None,
         }
+    }
+
+    /// Runs rabbitmqctl against this node; false when it fails (e.g. the node is down).
+    pub fn try_ctl(&self, args: &[&str]) -> bool {
+        self.run_ctl(args).status.success()
+    }
+
+    /// `scripts/broker ctl` (or `cluster ctl N`) for this node with `args`.
+    fn run_ctl(&self, args: &[&str]) -> std::process::Output {
+        let inst = self.instance.to_string();
+        let node = self.cluster_node.unwrap_or(0).to_string();
+        let mut all = if self.cluster_node.is_some() {
+            vec!["cluster", "ctl", &node, "--version", &self.version]
+        } else {
+            vec!["ctl", "--version", &self.version, "--instance", &inst]
+        };
+        all.extend_from_slice(args);
+        broker_script(&all)
     }
 
     /// Runs rabbitmqctl against this node.
     pub fn ctl(&self, args: &[&str]) -> String {
-        let inst = self.instance.to_string();
-        let mut all = vec!["ctl", "--version", &self.version, "--instance", &inst];
-        all.extend_from_slice(args);
-        let out = broker_script(&all);
+        let out = self.run_ctl(args);
         assert!(
             out.status.success(),
             "rabbitmqctl {args:?} failed: {}{}",
@@ -123,6 +164,45 @@ impl Broker {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Kills this private node's Erlang VM with SIGKILL (no shutdown, no flush): the
+    /// whole process group `scripts/broker` started it in (launcher, chroot, beam). Bring it
+    /// back with [`Broker::private`] on the same instance.
+    pub fn kill9(&self) {
+        assert!(self.instance != 0, "never kill the shared broker");
+        let dir = format!(
+            "{}/../target/rabbitmq/rk{}-{}",
+            env!("CARGO_MANIFEST_DIR"),
+            // `scripts/broker` names the 4.3 line's nodes rk43-N.
+            self.version.replace('.', ""),
+            self.instance
+        );
+        let pid: i32 = std::fs::read_to_string(format!("{dir}/launcher.pid"))
+            .unwrap_or_else(|e| panic!("no launcher.pid for instance {}: {e}", self.instance))
+            .trim()
+            .parse()
+            .expect("launcher pid");
+        // `scripts/broker` starts the node with setsid: the launcher's pid is the group id.
+        let st = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status()
+            .expect("run kill");
+        assert!(st.success(), "kill -9 of process group {pid} failed");
+        let start = Instant::now();
+        while Command::new("kill")
+            .args(["-0", &pid.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "node {pid} survived kill -9"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// The broker's version string from the management API (`/api/overview`).
@@ -144,6 +224,13 @@ impl Broker {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         );
+        self.vhost_named(&name)
+    }
+
+    /// The vhost `name` on this node, created with guest's permissions and deleted on
+    /// drop (two nodes of a failover test need the same vhost name).
+    pub fn vhost_named(&self, name: &str) -> Vhost {
+        let name = name.to_owned();
         let path = format!("/api/vhosts/{name}");
         let (status, body) = http(&self.mgmt, "PUT", &path, Some("{}"));
         assert!(
@@ -181,6 +268,195 @@ fn broker_script(args: &[&str]) -> std::process::Output {
 pub struct Vhost {
     pub broker: Broker,
     pub name: String,
+}
+
+/// A project cluster (`scripts/broker cluster ...`) of the version under test, or of
+/// `RABBITKIT_TEST_CLUSTER_VERSION` when set. Nodes are numbered from 1.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// "3", "4" or "4.3".
+    pub version: String,
+    /// One entry per node, node `n` at index `n - 1`.
+    pub nodes: Vec<Broker>,
+}
+
+impl Cluster {
+    /// The cluster of `nodes` nodes, formed through `scripts/broker cluster start` when it is
+    /// not running (nodes that are down are started again). Panics with the script's output
+    /// when it cannot be formed: a cluster test never skips.
+    pub fn ensure(nodes: u32) -> Self {
+        let version = std::env::var("RABBITKIT_TEST_CLUSTER_VERSION")
+            .or_else(|_| std::env::var("RABBITKIT_TEST_VERSION"))
+            .unwrap_or_else(|_| panic!("RABBITKIT_TEST_VERSION is not set. {HOW}"));
+        Self::ensure_version(&version, nodes)
+    }
+
+    /// [`Cluster::ensure`] for an explicit version.
+    pub fn ensure_version(version: &str, nodes: u32) -> Self {
+        let n = nodes.to_string();
+        let out = broker_script(&["cluster", "start", "--version", version, "--nodes", &n]);
+        assert!(
+            out.status.success(),
+            "cannot form the {version} cluster of {nodes} nodes: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list = |what: &str| -> Vec<String> {
+            let out = broker_script(&["cluster", what, "--version", version]);
+            assert!(out.status.success(), "cluster {what}: {out:?}");
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .split(',')
+                .map(|u| u.trim_end_matches('/').to_owned())
+                .collect()
+        };
+        let amqp = list("url");
+        let mgmt = list("mgmt-url");
+        assert_eq!(amqp.len(), nodes as usize, "cluster urls: {amqp:?}");
+        let nodes = amqp
+            .into_iter()
+            .zip(mgmt)
+            .enumerate()
+            .map(|(i, (amqp, mgmt))| Broker {
+                amqp,
+                mgmt,
+                version: version.to_owned(),
+                instance: 0,
+                cluster_node: Some(i as u32 + 1),
+            })
+            .collect();
+        Self {
+            version: version.to_owned(),
+            nodes,
+        }
+    }
+
+    /// Node `n` (1-based).
+    pub fn node(&self, n: u32) -> &Broker {
+        &self.nodes[n as usize - 1]
+    }
+
+    /// Every node's AMQP URL for `vhost`, comma-separated (the `RABBITKIT_URL` form).
+    pub fn urls(&self, vhost: &str) -> String {
+        self.nodes
+            .iter()
+            .map(|b| format!("{}/{vhost}", b.amqp))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The first node whose management API answers.
+    pub fn any_up(&self) -> &Broker {
+        self.nodes
+            .iter()
+            .find(|b| mgmt_up(&b.mgmt))
+            .unwrap_or_else(|| panic!("no node of the {} cluster answers", self.version))
+    }
+
+    /// A fresh vhost (cluster-wide), talked to through the first node that answers.
+    pub fn vhost(&self, hint: &str) -> Vhost {
+        self.any_up().vhost(hint)
+    }
+
+    fn script(&self, cmd: &str, n: u32) {
+        let node = n.to_string();
+        let out = broker_script(&["cluster", cmd, &node, "--version", &self.version]);
+        assert!(
+            out.status.success(),
+            "cluster {cmd} {n}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `kill -9` of node `n`'s Erlang VM.
+    pub fn kill_node(&self, n: u32) {
+        self.script("kill-node", n);
+    }
+
+    /// Stops node `n` cleanly (its data is kept).
+    pub fn stop_node(&self, n: u32) {
+        self.script("stop-node", n);
+    }
+
+    /// Boots node `n` again; it rejoins the cluster with its data. Returns once it answers.
+    pub fn start_node(&self, n: u32) {
+        self.script("start-node", n);
+    }
+
+    /// rabbitmqctl against node `n`.
+    pub fn ctl(&self, n: u32, args: &[&str]) -> String {
+        self.node(n).ctl(args)
+    }
+
+    /// The number (1-based) of the node leading quorum queue `queue` in `vhost`, asked of the
+    /// first node that answers; `None` while it has no leader (or the queue is unknown).
+    pub fn quorum_leader(&self, vhost: &str, queue: &str) -> Option<u32> {
+        let b = self.any_up();
+        let (status, body) = http(
+            &b.mgmt,
+            "GET",
+            &format!("/api/queues/{vhost}/{queue}"),
+            None,
+        );
+        if status != 200 {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let leader = v["leader"].as_str()?;
+        self.node_number(leader)
+    }
+
+    /// The members of quorum queue `queue` that are online, as node numbers.
+    pub fn quorum_online(&self, vhost: &str, queue: &str) -> Vec<u32> {
+        let b = self.any_up();
+        let (status, body) = http(
+            &b.mgmt,
+            "GET",
+            &format!("/api/queues/{vhost}/{queue}"),
+            None,
+        );
+        if status != 200 {
+            return Vec::new();
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let mut out: Vec<u32> = v["online"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| n.as_str().and_then(|n| self.node_number(n)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_unstable();
+        out
+    }
+
+    /// `rkc43-2@localhost` -> 2.
+    fn node_number(&self, erlang_node: &str) -> Option<u32> {
+        let short = erlang_node.split('@').next()?;
+        short.rsplit('-').next()?.parse().ok()
+    }
+}
+
+fn mgmt_up(base: &str) -> bool {
+    let host = base.trim_start_matches("http://");
+    let Ok(addr) = host.parse::<std::net::SocketAddr>() else {
+        return false;
+    };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let req = format!(
+        "GET /api/overview HTTP/1.0\r\nHost: {host}\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\r\n"
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    resp.starts_with("HTTP/1.1 200") || resp.starts_with("HTTP/1.0 200")
 }
 
 impl Drop for Vhost {
@@ -227,6 +503,12 @@ impl Got {
 }
 
 impl Vhost {
+    /// Talks to this vhost through another node of the same cluster from now on (e.g. after
+    /// the node it used was killed). The vhost itself is unchanged.
+    pub fn use_node(&mut self, broker: &Broker) {
+        self.broker = broker.clone();
+    }
+
     /// Starts a worker running `s` against this vhost (shutdown deadline 5 s); panics with
     /// the error when it cannot start.
     pub async fn start_worker(
@@ -269,31 +551,7 @@ impl Vhost {
         body: &[u8],
         props: BasicProperties,
     ) {
-        let c = self.connect().await;
-        let ch = c.create_channel().await.unwrap();
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
-        let confirm = ch
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                body,
-                props.with_delivery_mode(2),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert!(
-            matches!(confirm, Confirmation::Ack(None)),
-            "raw publish not confirmed: {confirm:?}"
-        );
-        let _ = c.close(200, "".into()).await;
+        publish_confirmed(&self.url(), exchange, routing_key, [(body.to_vec(), props)]).await;
     }
 
     /// Ready messages in `queue` (passive declare; panics if it does not exist).
@@ -399,6 +657,18 @@ impl Vhost {
         let _ = c.close(200, "".into()).await;
     }
 
+    /// `host:port` of the node's AMQP listener.
+    pub fn hostport(&self) -> String {
+        let rest = self
+            .broker
+            .amqp
+            .rsplit_once('@')
+            .map_or(&*self.broker.amqp, |(_, r)| r);
+        rest.trim_start_matches("amqp://")
+            .trim_end_matches('/')
+            .to_owned()
+    }
+
     /// Forces every connection of this vhost closed (`rabbitmqctl close_all_connections`).
     pub fn close_connections(&self) {
         self.broker.ctl(&[
@@ -408,6 +678,46 @@ impl Vhost {
             "rabbitkit fault test",
         ]);
     }
+}
+
+/// Publishes every `(body, properties)` persistent, mandatory, one at a time on one
+/// connection to `url`, and asserts each was confirmed (not returned).
+pub async fn publish_confirmed(
+    url: &str,
+    exchange: &str,
+    routing_key: &str,
+    messages: impl IntoIterator<Item = (Vec<u8>, BasicProperties)>,
+) {
+    let c = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}. {HOW}"));
+    let ch = c.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for (body, props) in messages {
+        let confirm = ch
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &body,
+                props.with_delivery_mode(2),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(
+            matches!(confirm, Confirmation::Ack(None)),
+            "raw publish of {:?} not confirmed: {confirm:?}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let _ = c.close(200, "".into()).await;
 }
 
 /// Waits until `check` returns true, polling every 50 ms; panics with `what` after `timeout`.

@@ -457,8 +457,8 @@ async fn topology_check_reports_what_is_missing_declares_nothing_and_passes_afte
         "MISSING    parking queue \"orders.parking\"",
         "MISSING    work queue \"orders\"",
         "MISSING    retry exchange \"orders.retry\" (direct)",
-        "MISSING    retry tier \"orders.retry.1s\"",
-        "MISSING    retry tier \"orders.retry.10s\"",
+        "MISSING    retry tier \"orders.delay.1s\"",
+        "MISSING    retry tier \"orders.delay.10s\"",
     ] {
         assert!(r.out.contains(missing), "{missing}: {r:?}");
     }
@@ -478,6 +478,100 @@ async fn topology_check_reports_what_is_missing_declares_nothing_and_passes_afte
     assert_eq!(r.code, EXIT_FAILED, "{r:?}");
     assert!(r.out.contains("DIFFERENT  work queue \"orders\""), "{r:?}");
     assert!(r.out.contains("ok         parking queue"), "{r:?}");
+}
+
+#[tokio::test]
+async fn topology_migrate_moves_classic_tiers_into_quorum_tiers_and_deletes_them() {
+    let vh = Broker::from_env().vhost("cli-migrate");
+    // The topology of an earlier release: classic tiers `orders.retry.{delay}`.
+    let r = cli(
+        &vh,
+        &[
+            "topology",
+            "apply",
+            "orders",
+            "--tiers",
+            "20s,1m",
+            "--classic-tiers",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let props = || {
+        BasicProperties::default()
+            .with_message_id("m-1".into())
+            .with_headers(rabbitkit_tests::table(&[(
+                headers::ATTEMPT,
+                lapin::types::AMQPValue::LongLongInt(2),
+            )]))
+    };
+    for _ in 0..3 {
+        vh.publish_raw("orders.retry", "orders.retry.20s", b"copy", props())
+            .await;
+    }
+    vh.publish_raw("orders.retry", "orders.retry.1m", b"copy", props())
+        .await;
+    let r = cli(&vh, &["topology", "check", "orders", "--tiers", "20s,1m"]).await;
+    assert_eq!(r.code, EXIT_FAILED, "quorum tiers not there yet: {r:?}");
+    assert!(
+        r.out.contains("MISSING    retry tier \"orders.delay.20s\""),
+        "{r:?}"
+    );
+
+    let r = cli(&vh, &["topology", "migrate", "orders", "--tiers", "20s,1m"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.out.contains(
+            "migrated   20s: 3 moved from \"orders.retry.20s\" into \"orders.delay.20s\"; \"orders.retry.20s\" deleted"
+        ),
+        "{r:?}"
+    );
+    assert!(r.out.contains("migrated   1m: 1 moved"), "{r:?}");
+    assert!(
+        r.out
+            .ends_with("4 moved; no classic delay tier of \"orders\" left\n"),
+        "{r:?}"
+    );
+    assert_eq!(vh.try_depth("orders.retry.20s").await, None);
+    assert_eq!(vh.try_depth("orders.retry.1m").await, None);
+    assert_eq!(vh.depth("orders.delay.20s").await, 3);
+    assert_eq!(vh.depth("orders.delay.1m").await, 1);
+    // The quorum topology is now complete; the classic one is gone.
+    let r = cli(&vh, &["topology", "check", "orders", "--tiers", "20s,1m"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let r = cli(
+        &vh,
+        &[
+            "topology",
+            "check",
+            "orders",
+            "--tiers",
+            "20s",
+            "--classic-tiers",
+        ],
+    )
+    .await;
+    assert!(
+        r.out.contains("MISSING    retry tier \"orders.retry.20s\""),
+        "{r:?}"
+    );
+
+    let r = cli(&vh, &["topology", "migrate", "orders", "--tiers", "20s,1m"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.contains("absent     20s"), "{r:?}");
+    assert!(r.out.starts_with("absent"), "nothing to do twice: {r:?}");
+
+    let r = cli(
+        &vh,
+        &["topology", "migrate", "nothing-here", "--tiers", "1s"],
+    )
+    .await;
+    assert_eq!(
+        r.code, EXIT_FAILED,
+        "a missing work queue is an error: {r:?}"
+    );
+    let r = cli(&vh, &["topology", "migrate", "orders"]).await;
+    assert_eq!(r.code, EXIT_USAGE, "--tiers is required: {r:?}");
 }
 
 /// `rabbitkit publish --exchange "" --routing-key KEY EXTRA...`.
@@ -534,4 +628,322 @@ async fn publish_exits_zero_only_when_confirmed() {
     let r = publish(&vh, "inbox", &["--body", "{", "--json"]).await;
     assert_eq!(r.code, EXIT_USAGE, "{r:?}");
     assert_eq!(vh.depth("inbox").await, 0, "nothing sent");
+}
+
+#[tokio::test]
+async fn read_commands_print_json_with_rfc3339_times() {
+    let vh = Broker::from_env().vhost("cli-json");
+    park(&vh, &["body-0", "card-1"]).await;
+
+    let r = cli(&vh, &["parking", "list", "orders", "--json"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let doc: serde_json::Value = serde_json::from_str(&r.out).expect("list --json is JSON");
+    assert_eq!(doc["queue"], "orders.parking");
+    assert_eq!(doc["parked"], 2);
+    let msgs = doc["messages"].as_array().expect("messages");
+    assert_eq!(msgs.len(), 2, "{r:?}");
+    assert_eq!(msgs[0]["message_id"], "m-0");
+    assert_eq!(msgs[0]["reason"], "max-attempts");
+    assert_eq!(msgs[1]["reason"], "handler");
+    assert_eq!(msgs[1]["error_kind"], "card-declined");
+    assert_eq!(msgs[1]["error_message"], "bad card");
+    let parked_at = msgs[0]["parked_at"].as_str().expect("parked_at");
+    assert!(humantime::parse_rfc3339(parked_at).is_ok(), "{parked_at}");
+
+    let r = cli(
+        &vh,
+        &["parking", "show", "orders", "--message-id", "m-1", "--json"],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let doc: serde_json::Value = serde_json::from_str(&r.out).expect("show --json is JSON");
+    let m = &doc["messages"][0];
+    assert_eq!(m["body"], "card-1");
+    assert_eq!(m["body_truncated"], false);
+    assert_eq!(m["headers"][headers::ERROR_KIND], "card-declined");
+    assert_eq!(m["headers"][headers::ATTEMPT], 1);
+    let last = m["headers"][headers::LAST_FAILURE_AT]
+        .as_str()
+        .expect("failure time as a string");
+    assert!(humantime::parse_rfc3339(last).is_ok(), "{last}");
+
+    // Text output shows the same times readably, with the raw milliseconds kept.
+    let r = cli(&vh, &["parking", "show", "orders", "--message-id", "m-1"]).await;
+    let line = r
+        .out
+        .lines()
+        .find(|l| l.starts_with(&format!("header {}: ", headers::LAST_FAILURE_AT)))
+        .expect("last-failure header shown");
+    let value = line.split_once(": ").unwrap().1;
+    let (time, raw) = value.split_once(' ').expect("time then raw value");
+    assert!(humantime::parse_rfc3339(time).is_ok(), "{line}");
+    assert!(raw.starts_with('(') && raw.ends_with(')'), "{line}");
+    assert_eq!(vh.depth("orders.parking").await, 2, "reads removed nothing");
+}
+
+#[tokio::test]
+async fn replay_by_park_reason_and_dry_run_moves_nothing() {
+    let vh = Broker::from_env().vhost("cli-reason");
+    park(&vh, &["body-0", "card-1", "card-2"]).await;
+
+    let r = cli(
+        &vh,
+        &[
+            "parking",
+            "replay",
+            "orders",
+            "--park-reason",
+            "handler",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert_eq!(r.out.matches("would replay ").count(), 2, "{r:?}");
+    assert!(r.out.contains("would replay m-1"), "{r:?}");
+    assert!(!r.out.contains("would replay m-0"), "{r:?}");
+    assert!(r.out.contains("nothing was moved"), "{r:?}");
+    assert_eq!(vh.depth("orders.parking").await, 3, "dry run moved nothing");
+    assert_eq!(vh.depth("orders").await, 0);
+
+    let r = cli(
+        &vh,
+        &[
+            "parking",
+            "replay",
+            "orders",
+            "--park-reason",
+            "max-attempts",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let doc: serde_json::Value = serde_json::from_str(&r.out).expect("replay --json is JSON");
+    assert_eq!(doc["replayed"], 1, "{r:?}");
+    assert_eq!(doc["passed_over"], 2, "{r:?}");
+    assert_eq!(vh.depth("orders").await, 1);
+    let left = vh.get_all("orders.parking", 10).await;
+    assert_eq!(
+        message_ids(&left),
+        ["m-1", "m-2"],
+        "the other reason stays parked"
+    );
+}
+
+/// A worker config file for `vh` with these `[[subscribers]]`: its path, and as a string.
+fn config_file(vh: &Vhost, hint: &str, subscribers: &str) -> (std::path::PathBuf, String) {
+    let file =
+        std::env::temp_dir().join(format!("rabbitkit-cli-{hint}-{}.toml", std::process::id()));
+    let doc = format!("[connection]\nurl = \"{}\"\n{subscribers}", vh.url());
+    std::fs::write(&file, doc).unwrap();
+    let path = file.to_string_lossy().into_owned();
+    (file, path)
+}
+
+#[tokio::test]
+async fn topology_check_reads_a_worker_config_file() {
+    let vh = Broker::from_env().vhost("cli-topology-config");
+    let (file, path) = config_file(
+        &vh,
+        "topology",
+        r#"
+[[subscribers]]
+handler = "charge"
+queue = "payments"
+queue-type = "quorum"
+bindings = [{ exchange = "shop", routing-key = "payment.*" }]
+retry = { tiers = ["2s"], max-attempts = 2 }
+
+[[subscribers]]
+handler = "ship"
+queue = "shipping"
+"#,
+    );
+
+    let r = cli(&vh, &["topology", "check", "--config", &path]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(
+        r.out.contains("MISSING    work queue \"payments\""),
+        "{r:?}"
+    );
+    assert!(
+        r.out.contains("MISSING    work queue \"shipping\""),
+        "{r:?}"
+    );
+    assert!(r.out.contains("MISSING    exchange \"shop\""), "{r:?}");
+    assert_eq!(
+        vh.try_depth("payments").await,
+        None,
+        "check declared nothing"
+    );
+
+    // Only one subscriber's queue, applied from the file, then checked as JSON.
+    let r = cli(&vh, &["topology", "apply", "payments", "--config", &path]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let r = cli(
+        &vh,
+        &["topology", "check", "payments", "--config", &path, "--json"],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let doc: serde_json::Value = serde_json::from_str(&r.out).expect("check --json is JSON");
+    assert_eq!(doc.as_array().map(Vec::len), Some(1), "{r:?}");
+    assert_eq!(doc[0]["work_queue"], "payments");
+    assert_eq!(doc[0]["ok"], true);
+    // The file said quorum: a classic check of the same queue differs.
+    let r = cli(&vh, &["topology", "check", "payments"]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(
+        r.out.contains("DIFFERENT  work queue \"payments\""),
+        "{r:?}"
+    );
+
+    // Flags and --config do not mix; an unknown queue is a usage error.
+    let r = cli(&vh, &["topology", "check", "--config", &path, "--quorum"]).await;
+    assert_eq!(r.code, EXIT_USAGE, "{r:?}");
+    let r = cli(&vh, &["topology", "check", "nope", "--config", &path]).await;
+    assert_eq!(r.code, EXIT_USAGE, "{r:?}");
+    std::fs::remove_file(&file).unwrap();
+}
+
+#[tokio::test]
+async fn topology_prune_lists_then_deletes_only_empty_tiers_no_subscriber_uses() {
+    let vh = Broker::from_env().vhost("cli-prune");
+    let (file, path) = config_file(
+        &vh,
+        "prune",
+        r#"
+[[subscribers]]
+handler = "charge"
+queue = "payments"
+retry = { tiers = ["1s", "30s"] }
+
+[[subscribers]]
+handler = "ship"
+queue = "shipping"
+"#,
+    );
+    let mgmt = vh.broker.mgmt.clone();
+    // The current schedule (1s, 30s, quorum tiers), a dropped delay (5s), the classic tier
+    // of a delay now on quorum tiers holding a message (30s), an unrelated queue, and a
+    // tier of a subscriber whose schedule the file does not give.
+    let r = cli(&vh, &["topology", "apply", "payments", "--config", &path]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    for q in [
+        "payments.delay.5s",
+        "payments.retry.30s",
+        "payments.audit",
+        "shipping.delay.7s",
+    ] {
+        vh.declare_queue(q, FieldTable::default()).await;
+    }
+    vh.publish_raw(
+        "",
+        "payments.retry.30s",
+        b"waiting",
+        BasicProperties::default(),
+    )
+    .await;
+    wait_until(WAIT, "the management API sees the message", || async {
+        let (_, body) = rabbitkit_tests::http(
+            &mgmt,
+            "GET",
+            &format!("/api/queues/{}/payments.retry.30s", vh.name),
+            None,
+        );
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["messages"].as_u64())
+            == Some(1)
+    })
+    .await;
+    let prune = |extra: &'static [&'static str]| {
+        let mut args = vec!["topology", "prune", "--config", &path, "--mgmt-url", &mgmt];
+        args.extend_from_slice(extra);
+        let vh = &vh;
+        async move { cli(vh, &args).await }
+    };
+
+    let r = prune(&[]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.out.contains("unused     payments.delay.5s (0 messages)"),
+        "{r:?}"
+    );
+    assert!(
+        r.out.contains("unused     payments.retry.30s (1 messages)"),
+        "{r:?}"
+    );
+    assert!(r.out.contains("skipped    \"shipping\""), "{r:?}");
+    for in_use in [
+        "payments.delay.1s",
+        "payments.delay.30s",
+        "payments.audit",
+        "shipping.delay.7s",
+    ] {
+        assert!(
+            !r.out.contains(&format!(" {in_use} ")),
+            "{in_use} listed: {r:?}"
+        );
+    }
+    assert_eq!(
+        vh.try_depth("payments.delay.5s").await,
+        Some(0),
+        "listing deletes nothing"
+    );
+
+    let r = prune(&["--json"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let doc: serde_json::Value = serde_json::from_str(&r.out).expect("prune --json is JSON");
+    let names: Vec<_> = doc["unused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["queue"].as_str().unwrap().to_owned(), u["state"].clone()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("payments.delay.5s".to_owned(), "unused".into()),
+            ("payments.retry.30s".to_owned(), "unused".into())
+        ]
+    );
+    assert_eq!(doc["skipped"][0]["work_queue"], "shipping");
+
+    // --yes deletes the empty one, keeps the one holding a message, and says so (exit 1).
+    let r = prune(&["--yes"]).await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(r.out.contains("deleted    payments.delay.5s"), "{r:?}");
+    assert!(r.out.contains("KEPT       payments.retry.30s"), "{r:?}");
+    assert_eq!(vh.try_depth("payments.delay.5s").await, None);
+    assert_eq!(
+        vh.depth("payments.retry.30s").await,
+        1,
+        "the message is still there"
+    );
+    for in_use in [
+        "payments.delay.1s",
+        "payments.delay.30s",
+        "shipping.delay.7s",
+    ] {
+        assert!(vh.try_depth(in_use).await.is_some(), "{in_use} deleted");
+    }
+    // Once it drained, it goes too.
+    vh.purge("payments.retry.30s").await;
+    let r = prune(&["payments", "--yes"]).await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(r.out.contains("deleted    payments.retry.30s"), "{r:?}");
+    assert_eq!(vh.try_depth("payments.retry.30s").await, None);
+
+    // A management API that refuses the user is an error, not an empty list.
+    let bad = mgmt.replace("http://", "http://nobody:wrong@");
+    let r = cli(
+        &vh,
+        &["topology", "prune", "--config", &path, "--mgmt-url", &bad],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(r.err.contains("401"), "{r:?}");
+    std::fs::remove_file(&file).unwrap();
 }

@@ -158,7 +158,7 @@ async fn worker_from_toml_acks_retries_and_parks() {
         "cfg.greetings",
         "cfg.jobs",
         "cfg.orders",
-        "cfg.jobs.retry.200ms",
+        "cfg.jobs.delay.200ms",
     ] {
         assert_eq!(vh.depth(q).await, 0, "{q} is empty");
     }
@@ -188,7 +188,7 @@ async fn check_passes_on_an_applied_topology() {
     assert!(
         report
             .present()
-            .any(|o| o.what == r#"retry tier "cfg.jobs.retry.200ms""#)
+            .any(|o| o.what == r#"retry tier "cfg.jobs.delay.200ms""#)
     );
     assert!(
         report
@@ -203,7 +203,7 @@ async fn check_reports_a_missing_queue_without_declaring_anything() {
     let cfg = config(&vh, "classic", "declare");
     apply_topology(&cfg).await;
     vh.delete_queue("cfg.orders").await;
-    vh.delete_queue("cfg.jobs.retry.200ms").await;
+    vh.delete_queue("cfg.jobs.delay.200ms").await;
     let report = config::check(&cfg, &handlers()).await.unwrap();
     assert!(!report.is_ok());
     let text = report.to_string();
@@ -213,11 +213,11 @@ async fn check_reports_a_missing_queue_without_declaring_anything() {
         "{text}"
     );
     assert!(
-        text.contains(r#"jobs: retry tier "cfg.jobs.retry.200ms": missing"#),
+        text.contains(r#"jobs: retry tier "cfg.jobs.delay.200ms": missing"#),
         "{text}"
     );
     assert_eq!(vh.try_depth("cfg.orders").await, None, "not declared");
-    assert_eq!(vh.try_depth("cfg.jobs.retry.200ms").await, None);
+    assert_eq!(vh.try_depth("cfg.jobs.delay.200ms").await, None);
 
     // A fresh vhost: everything is missing, and still nothing gets declared.
     let empty = Broker::from_env().vhost("cfg-check-empty");

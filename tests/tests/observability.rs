@@ -24,6 +24,7 @@ fn json() -> BasicProperties {
 async fn start(vh: &Vhost, sub: Subscriber) -> rabbitkit_core::WorkerHandle {
     Worker::new(ConnectionConfig::new(vh.url()))
         .shutdown_deadline(Duration::from_secs(5))
+        .parking_depth_interval(Duration::from_secs(1))
         .http("127.0.0.1:0".parse().unwrap())
         .subscribe(sub)
         .start()
@@ -31,14 +32,27 @@ async fn start(vh: &Vhost, sub: Subscriber) -> rabbitkit_core::WorkerHandle {
         .unwrap()
 }
 
-/// The value of `name` for this vhost's `orders` queue in a Prometheus text scrape.
+/// The value of `name` for this vhost's `orders` queue in a Prometheus text scrape, summed
+/// over its other labels (`parked` has one series per reason).
 fn sample(scrape: &str, name: &str, vhost: &str) -> Option<f64> {
-    scrape
+    sample_with(scrape, name, vhost, "")
+}
+
+/// Like [`sample`], over the series whose labels also contain `extra`.
+fn sample_with(scrape: &str, name: &str, vhost: &str, extra: &str) -> Option<f64> {
+    let values: Vec<f64> = scrape
         .lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter(|l| l.contains(r#"queue="orders""#) && l.contains(&format!(r#"vhost="{vhost}""#)))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .filter(|l| {
+            (l.contains(r#"queue="orders""#)
+                || l.contains(r#"messaging_destination_name="orders""#))
+                && l.contains(&format!(r#"vhost="{vhost}""#))
+                && l.contains(extra)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -100,6 +114,46 @@ async fn metrics_endpoint_reports_the_same_counts_as_the_worker() {
         "every delivery ran through the handler service (the poison ones stop at the extractor):\n{scrape}"
     );
     assert_eq!(sample(&scrape, "rabbitkit_in_flight", name), Some(0.0));
+    assert_eq!(
+        sample_with(
+            &scrape,
+            "rabbitkit_parked_total",
+            name,
+            r#"reason="decode""#
+        ),
+        Some(2.0),
+        "parked by reason:\n{scrape}"
+    );
+    assert_eq!(
+        sample_with(
+            &scrape,
+            "rabbitkit_parked_total",
+            name,
+            r#"reason="max-attempts""#
+        ),
+        Some(0.0),
+        "every reason is exported from the start"
+    );
+    assert_eq!(
+        sample(&scrape, "messaging_client_consumed_messages_total", name),
+        Some(st.consumed as f64)
+    );
+    assert_eq!(
+        sample(&scrape, "messaging_process_duration_seconds_count", name),
+        Some(st.consumed as f64),
+        "every delivery from receipt to settlement:\n{scrape}"
+    );
+    for conn in ["rabbitkit-consumer", "rabbitkit-publisher"] {
+        let up = format!(r#"rabbitkit_connection_up{{connection="{conn}",vhost="{name}"}} 1"#);
+        assert!(scrape.contains(&up), "{up} in:\n{scrape}");
+    }
+    assert_help_on_every_series(&scrape);
+    // The parking-depth gauge follows the parking queue (polled every second).
+    wait_until(WAIT, "parking depth gauge at 2", || async {
+        let (_, s) = http(&base, "GET", "/metrics", None);
+        sample(&s, "rabbitkit_parking_depth", name) == Some(2.0)
+    })
+    .await;
     let confirms = scrape
         .lines()
         .find(|l| l.starts_with("rabbitkit_confirm_latency_seconds_count"))
@@ -175,4 +229,103 @@ async fn a_taken_port_fails_the_start_before_anything_is_consumed() {
         "{err}"
     );
     assert_eq!(vh.try_depth("orders").await, None, "nothing was declared");
+}
+
+/// Every series in a scrape has a `# HELP` line.
+fn assert_help_on_every_series(scrape: &str) {
+    let helped: std::collections::HashSet<&str> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP ")?.split(' ').next())
+        .collect();
+    for line in scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|b| helped.contains(b)))
+            .unwrap_or(name);
+        assert!(helped.contains(base), "no # HELP for {name}");
+    }
+}
+
+/// Metric names (and label names) used by the shipped dashboard and alert rules.
+fn referenced_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut token = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            token.push(c);
+            continue;
+        }
+        if token.starts_with("rabbitkit_") || token.starts_with("messaging_") {
+            names.insert(std::mem::take(&mut token));
+        }
+        token.clear();
+    }
+    names
+}
+
+/// Every metric the Grafana dashboard and the Prometheus alert rules in `docs/dashboards/`
+/// reference exists on a real `/metrics` (or is a label of one): renaming a metric breaks
+/// this test, not the operators' dashboards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_and_alert_rules_use_only_exported_metrics() {
+    let vh = Broker::from_env().vhost("obs-dashboard");
+    let sub = Subscriber::new("orders", |a: Attempt, Json(o): Json<Order>| async move {
+        if o.id == 1 && a.number == 1 {
+            return Err::<(), BoxError>("transient".into());
+        }
+        Ok(())
+    })
+    .retry(RetryPolicy::new([Duration::from_millis(100)]).max_attempts(3));
+    let w = start(&vh, sub).await;
+    let base = format!("http://{}", w.http_addr().unwrap());
+    vh.publish_raw("", "orders", br#"{"id":1}"#, json()).await;
+    vh.publish_raw("", "orders", b"poison", json()).await;
+    wait_until(WAIT, "settled and the parking depth polled", || async {
+        let s = w.stats("orders").unwrap();
+        let (_, scrape) = http(&base, "GET", "/metrics", None);
+        (s.acked, s.retried, s.parked) == (3, 1, 1)
+            && sample(&scrape, "rabbitkit_parking_depth", &vh.name) == Some(1.0)
+    })
+    .await;
+    let (status, scrape) = http(&base, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let series: std::collections::HashSet<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let labels: std::collections::HashSet<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('{')?.1.split_once('}'))
+        .flat_map(|(labels, _)| labels.split(','))
+        .filter_map(|kv| kv.split('=').next())
+        .collect();
+    // Shown with --nocapture (docs/OBSERVABILITY.md quotes it).
+    scrape
+        .lines()
+        .filter(|l| l.contains(&format!(r#"vhost="{}""#, vh.name)) && !l.contains("_bucket"))
+        .for_each(|l| println!("{l}"));
+    let dashboard = include_str!("../../docs/dashboards/rabbitkit-grafana.json");
+    let alerts = include_str!("../../docs/dashboards/rabbitkit-alerts.yml");
+    serde_json::from_str::<serde_json::Value>(dashboard).expect("the dashboard is JSON");
+    for (file, text) in [("dashboard", dashboard), ("alert rules", alerts)] {
+        let names = referenced_names(text);
+        let metrics: Vec<_> = names
+            .iter()
+            .filter(|n| !labels.contains(n.as_str()))
+            .collect();
+        assert!(metrics.len() >= 6, "{file} references metrics: {names:?}");
+        for name in metrics {
+            assert!(
+                series.contains(name.as_str()),
+                "the {file} uses {name}, which /metrics does not export:\n{scrape}"
+            );
+        }
+    }
+    w.shutdown().await;
 }

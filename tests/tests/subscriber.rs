@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
-use rabbitkit_core::extract::{Json, RoutingKey};
+use rabbitkit_core::extract::{Json, Redelivered, RoutingKey};
 use rabbitkit_core::headers::{self, Attempt};
 use rabbitkit_core::{
     AckPolicy, BoxError, ConnectionConfig, Error, Outcome, Permanent, QueueType, RetryPolicy,
@@ -104,7 +104,7 @@ async fn transient_failure_is_retried_through_the_tier_then_succeeds_keeping_the
             .collect::<Vec<_>>(),
         "routing key preserved through 3 retries, attempts counted 1..4"
     );
-    assert_eq!(vh.depth("orders.retry.200ms").await, 0);
+    assert_eq!(vh.depth("orders.delay.200ms").await, 0);
     assert_eq!(vh.depth("orders.parking").await, 0);
 }
 
@@ -210,46 +210,46 @@ async fn permanent_error_parks_without_retrying() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn retry_publish_returned_leaves_original_unacked_and_redelivered() {
+async fn retry_publish_returned_leaves_original_unacked_then_redeclares_and_retries() {
     let vh = Broker::from_env().vhost("sub-returned");
     let runs = Arc::new(AtomicU32::new(0));
     let r2 = runs.clone();
-    let sub = Subscriber::new("orders", move || {
+    let sub = Subscriber::new("orders", move |Redelivered(again): Redelivered| {
         let runs = r2.clone();
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
-            Err::<(), BoxError>("fail".into())
+            Err::<(), BoxError>(if again { "fail again" } else { "fail" }.into())
         }
     })
     .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
     let w = vh.start_worker(sub).await;
     // Break the tier: the retry copy is now unroutable (mandatory → returned).
-    vh.unbind("orders.retry", "orders.retry.1m", "orders.retry.1m")
+    vh.unbind("orders.retry", "orders.delay.1m", "orders.delay.1m")
         .await;
     vh.publish_raw("", "orders", b"keep me", props_json()).await;
-    wait_until(WAIT, "two failed settlements", || async {
-        w.stats("orders").unwrap().settlement_failures >= 2
+    // The returned copy leaves the original unacked (requeued), and the subscriber declares
+    // its topology again: the redelivery's copy is routed and confirmed.
+    wait_until(WAIT, "the redelivery's copy confirmed", || async {
+        w.stats("orders").unwrap().retried == 1
     })
     .await;
     let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!(st.settlement_failures, 1, "{st:?}");
+    assert!(st.requeued >= 1, "{st:?}");
     assert_eq!(
-        st.acked, 0,
-        "original must never be acked while its copy is returned"
+        st.acked, 1,
+        "acked once: after the confirmed copy, never after the returned one"
     );
-    assert_eq!(st.retried, 0);
-    assert!(st.requeued >= 2);
-    assert!(
-        runs.load(Ordering::SeqCst) >= 2,
-        "redelivered and handled again"
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "handled, then redelivered");
+    assert_eq!(vh.depth("orders").await, 0);
+    let copies = vh.get_all("orders.delay.1m", 1).await;
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].body, b"keep me");
+    assert_eq!(
+        copies[0].header_str(headers::ERROR_MESSAGE).as_deref(),
+        Some("fail again"),
+        "the copy is the redelivery's"
     );
-    wait_until(WAIT, "original back in the queue", || async {
-        vh.depth("orders").await == 1
-    })
-    .await;
-    assert_eq!(vh.depth("orders.retry.1m").await, 0);
-    let m = &vh.get_all("orders", 1).await[0];
-    assert_eq!(m.body, b"keep me");
-    assert!(m.redelivered);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -259,9 +259,9 @@ async fn retry_publish_nacked_leaves_original_unacked() {
         .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
     let w = vh.start_worker(sub).await;
     // Replace the tier with a queue that refuses every publish (nack).
-    vh.delete_queue("orders.retry.1m").await;
+    vh.delete_queue("orders.delay.1m").await;
     vh.declare_queue(
-        "orders.retry.1m",
+        "orders.delay.1m",
         table(&[
             ("x-max-length", AMQPValue::LongInt(0)),
             ("x-overflow", AMQPValue::LongString("reject-publish".into())),
@@ -271,9 +271,9 @@ async fn retry_publish_nacked_leaves_original_unacked() {
     let c = vh.connect().await;
     let ch = c.create_channel().await.unwrap();
     ch.queue_bind(
-        "orders.retry.1m".into(),
+        "orders.delay.1m".into(),
         "orders.retry".into(),
-        "orders.retry.1m".into(),
+        "orders.delay.1m".into(),
         Default::default(),
         FieldTable::default(),
     )
@@ -296,11 +296,20 @@ async fn retry_publish_nacked_leaves_original_unacked() {
 async fn connection_closed_mid_handler_redelivers_and_loses_nothing() {
     let vh = Arc::new(Broker::from_env().vhost("sub-cut"));
     let done = Arc::new(Mutex::new(std::collections::HashSet::new()));
-    let d2 = done.clone();
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (d2, c2) = (done.clone(), cut.clone());
     let sub = Subscriber::new("orders", move |Json(o): Json<Order>| {
-        let done = d2.clone();
+        let (done, cut) = (d2.clone(), c2.clone());
         async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
+            // Past the first 10, handlers hold their delivery until the cut is made, so
+            // some are in flight when it lands whatever rabbitmqctl's start-up time (about
+            // 1 s on 3.10 and 4.0, 4 s on 4.3, longer than this whole workload).
+            let first = done.lock().unwrap().len() < 10;
+            let t = std::time::Instant::now();
+            while !first && !cut.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             done.lock().unwrap().insert(o.id);
             Ok::<_, BoxError>(())
         }
@@ -323,6 +332,7 @@ async fn connection_closed_mid_handler_redelivers_and_loses_nothing() {
     tokio::task::spawn_blocking(move || v2.close_connections())
         .await
         .unwrap();
+    cut.store(true, Ordering::SeqCst);
     wait_until(
         Duration::from_secs(40),
         "all 60 handled and the queue empty",
@@ -474,7 +484,7 @@ async fn dead_letter_cycle_topology_is_refused_before_declaring() {
         )
         .queue_argument(
             "x-dead-letter-routing-key",
-            AMQPValue::LongString("orders.retry.200ms".into()),
+            AMQPValue::LongString("orders.delay.200ms".into()),
         )
         .retry(RetryPolicy::new([TIER]));
     let err = Worker::new(ConnectionConfig::new(vh.url()))
@@ -498,7 +508,11 @@ async fn inequivalent_existing_queue_is_a_clear_startup_error() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Declare { .. }), "{err}");
-    assert!(err.to_string().contains("work queue"), "{err}");
+    // Names the queue and carries the broker's own words (406 and its reason).
+    let text = err.to_string();
+    assert!(text.contains("work queue \"orders\""), "{text}");
+    assert!(text.contains("PRECONDITION_FAILED"), "{text}");
+    assert!(text.contains("inequivalent arg"), "{text}");
 }
 
 #[tokio::test]
@@ -631,9 +645,9 @@ async fn retry_copy_channel_lost_leaves_original_unacked_then_recovers() {
     .await
     .unwrap();
     ch.queue_bind(
-        "orders.retry.1m".into(),
+        "orders.delay.1m".into(),
         "orders.retry".into(),
-        "orders.retry.1m".into(),
+        "orders.delay.1m".into(),
         Default::default(),
         FieldTable::default(),
     )
@@ -646,7 +660,7 @@ async fn retry_copy_channel_lost_leaves_original_unacked_then_recovers() {
     .await;
     w.shutdown().await;
     assert_eq!(vh.depth("orders").await, 0);
-    let copies = vh.get_all("orders.retry.1m", 10).await;
+    let copies = vh.get_all("orders.delay.1m", 10).await;
     assert_eq!(copies.len(), 1, "exactly the confirmed copy is in the tier");
     assert_eq!(copies[0].body, b"keep me");
 }
@@ -711,7 +725,7 @@ async fn retry_copy_timed_out_under_an_alarm_leaves_original_unacked() {
     w.shutdown().await;
     assert_eq!(vh.depth("orders").await, 0);
     wait_until(WAIT, "the confirmed copy is in the tier", || async {
-        vh.depth("orders.retry.1m").await >= 1
+        vh.depth("orders.delay.1m").await >= 1
     })
     .await;
 }
@@ -745,4 +759,185 @@ async fn parking_copy_returned_leaves_original_unacked_then_parks() {
     let parked = vh.get_all("orders.parking", 10).await;
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].body, b"park me");
+}
+
+/// A handler that requeues every time must not loop for ever (a classic queue never counts
+/// requeues): past the requeue limit the message is parked with reason `requeue-limit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requeue_forever_ends_parked_after_the_requeue_limit() {
+    let vh = Broker::from_env().vhost("sub-requeue-limit");
+    let runs = Arc::new(AtomicU32::new(0));
+    let r2 = runs.clone();
+    let sub = Subscriber::new("orders", move || {
+        let runs = r2.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Outcome::Requeue
+        }
+    })
+    .requeue_limit(3);
+    let w = vh.start_worker(sub).await;
+    vh.publish_raw("", "orders", b"again", props_json()).await;
+    wait_until(WAIT, "parked after the requeue limit", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
+    let st = w.shutdown().await.subscribers["orders"];
+    // Three requeues, then the fourth run's requeue is the one past the limit.
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    assert_eq!((st.requeued, st.parked, st.acked), (3, 1, 1), "{st:?}");
+    assert_eq!(vh.depth("orders").await, 0);
+    let m = &vh.get_all("orders.parking", 1).await[0];
+    assert_eq!(m.body, b"again");
+    assert_eq!(
+        m.header_str(headers::PARK_REASON).as_deref(),
+        Some("requeue-limit")
+    );
+    assert_eq!(m.header_int(headers::REQUEUES), Some(3));
+}
+
+#[derive(Clone)]
+struct NeverRegistered;
+
+/// A handler asking for state nobody registered would park every delivery: refused at
+/// start, naming the type, before anything is consumed.
+#[tokio::test]
+async fn missing_state_is_refused_at_start_naming_the_type() {
+    let vh = Broker::from_env().vhost("sub-missing-state");
+    let sub = Subscriber::new(
+        "orders",
+        |_s: rabbitkit_core::extract::State<NeverRegistered>| async { Outcome::Ack },
+    );
+    let err = Worker::new(ConnectionConfig::new(vh.url()))
+        .subscribe(sub)
+        .start()
+        .await
+        .expect_err("a worker whose handler needs unregistered state must not start");
+    assert!(matches!(err, Error::MissingState { .. }), "{err}");
+    assert!(err.to_string().contains("NeverRegistered"), "{err}");
+    assert_eq!(vh.try_depth("orders").await, None, "nothing declared");
+    // Registered on the worker or the subscriber, it starts.
+    let sub = Subscriber::new(
+        "orders",
+        |_s: rabbitkit_core::extract::State<NeverRegistered>| async { Outcome::Ack },
+    );
+    let w = Worker::new(ConnectionConfig::new(vh.url()))
+        .state(NeverRegistered)
+        .subscribe(sub)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    w.shutdown().await;
+}
+
+/// A `Settle` argument outside manual ack mode would requeue every delivery for ever:
+/// refused at start.
+#[tokio::test]
+async fn settle_outside_manual_mode_is_refused_at_start() {
+    let vh = Broker::from_env().vhost("sub-not-manual");
+    let sub = Subscriber::new("orders", |s: Settle| async move {
+        let _ = s.ack().await;
+        Outcome::Settled
+    });
+    let err = Worker::new(ConnectionConfig::new(vh.url()))
+        .subscribe(sub)
+        .start()
+        .await
+        .expect_err("a Settle handler in auto mode must not start");
+    assert!(matches!(err, Error::SettleOutsideManual { .. }), "{err}");
+    assert_eq!(vh.try_depth("orders").await, None, "nothing declared");
+}
+
+/// A parking copy the publisher refuses before sending (its body is over the publisher's
+/// `max-body`, which the broker itself accepted) can never be published: parked as a
+/// trimmed copy (body dropped, its size and digest kept), never requeued in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_whose_body_is_over_max_body_parks_the_whole_message_without_a_loop() {
+    let vh = Broker::from_env().vhost("sub-unpublishable");
+    let runs = Arc::new(AtomicU32::new(0));
+    let r2 = runs.clone();
+    let sub = Subscriber::new("orders", move || {
+        let runs = r2.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err::<(), BoxError>(Permanent::new("bad order").into())
+        }
+    });
+    let w = Worker::new(ConnectionConfig::new(vh.url()))
+        .publisher_config(rabbitkit_core::PublisherConfig {
+            max_body: 1000,
+            ..Default::default()
+        })
+        .subscribe(sub)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    vh.publish_raw("", "orders", &[b'x'; 2000], props_json())
+        .await;
+    wait_until(WAIT, "the message parked", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
+    let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler ran once: no loop"
+    );
+    assert_eq!((st.rejected, st.acked, st.requeued), (1, 0, 0), "{st:?}");
+    assert_eq!(vh.depth("orders").await, 0);
+    let m = &vh.get_all("orders.parking", 1).await[0];
+    assert_eq!(m.body.len(), 2000, "the payload is kept whole");
+    assert_eq!(
+        m.properties.message_id().as_ref().map(|s| s.as_str()),
+        Some("m-1")
+    );
+    assert!(m.header("x-death").is_some(), "dead-lettered by the broker");
+}
+
+/// The original's channel died while the handler ran: its copy is not published (the
+/// broker redelivers the original, which does the work again); publishing it anyway would
+/// leave a copy and a redelivery, a sure duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_copy_is_published_when_the_originals_channel_is_gone() {
+    let vh = Arc::new(Broker::from_env().vhost("sub-skip-copy"));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let runs = Arc::new(AtomicU32::new(0));
+    let (s2, r2, n2) = (started.clone(), release.clone(), runs.clone());
+    let sub = Subscriber::new(
+        "orders",
+        move |rabbitkit_core::extract::Redelivered(again): rabbitkit_core::extract::Redelivered| {
+            let (started, release, runs) = (s2.clone(), r2.clone(), n2.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                if again {
+                    return Ok(());
+                }
+                started.notify_one();
+                release.notified().await;
+                Err::<(), BoxError>("failed after its channel was cut".into())
+            }
+        },
+    )
+    .retry(RetryPolicy::new([Duration::from_secs(60)]));
+    let w = vh.start_worker(sub).await;
+    vh.publish_raw("", "orders", b"once", props_json()).await;
+    started.notified().await;
+    let v2 = vh.clone();
+    tokio::task::spawn_blocking(move || v2.close_connections())
+        .await
+        .unwrap();
+    // lapin notices the closed connection and poisons the acker.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    release.notify_one();
+    wait_until(WAIT, "redelivered and acked", || async {
+        runs.load(Ordering::SeqCst) == 2 && vh.depth("orders").await == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!(vh.depth("orders.delay.1m").await, 0, "no copy: {st:?}");
+    assert_eq!(st.retried, 0, "{st:?}");
+    assert_eq!(vh.depth("orders").await, 0);
 }

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::subscriber::Subscriber;
-use crate::topology::TopologyReport;
+use crate::topology::{Topology, TopologyReport};
 use crate::worker::Worker;
 
 use super::{Handlers, SubscriberConfig, WorkerConfig};
@@ -26,6 +26,9 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
     if let Some(addr) = config.observability.http_listen {
         worker = worker.http(addr);
     }
+    if let Some(every) = config.observability.parking_depth_interval {
+        worker = worker.parking_depth_interval(every);
+    }
     for s in &config.subscribers {
         let template = handlers
             .get(&s.handler)
@@ -33,10 +36,9 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
                 name: s.handler.clone(),
                 registered: handlers.names().map(str::to_owned).collect(),
             })?;
-        let sub = apply(s, template.duplicate()).topology_mode(config.topology.mode);
-        sub.validate()?;
-        worker = worker.subscribe(sub);
+        worker = worker.subscribe(apply(s, template.clone()).topology_mode(config.topology.mode));
     }
+    worker.validate()?;
     Ok(worker)
 }
 
@@ -45,6 +47,24 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
 /// declare, and returns what is missing or differs ([`TopologyReport::is_ok`]).
 pub async fn check(config: &WorkerConfig, handlers: &Handlers) -> Result<TopologyReport> {
     from_config(config, handlers)?.check_topology().await
+}
+
+/// The topology of each subscriber `config` describes, from the file alone: keys it leaves
+/// out take rabbitkit's defaults, since the handlers' own code (a `#[subscriber]` retry
+/// schedule, say) is not known here. The operator CLI's `topology check --config` uses it;
+/// a worker's own [`check`] knows its handlers and is exact.
+pub fn topologies(config: &WorkerConfig) -> Result<Vec<Topology>> {
+    config
+        .subscribers
+        .iter()
+        .map(|s| {
+            // Never run: only the topology of this subscriber is read.
+            let placeholder = || async { crate::outcome::Outcome::Requeue };
+            let sub = apply(s, Subscriber::new(String::new(), placeholder));
+            sub.validate()?;
+            Ok(sub.full_topology())
+        })
+        .collect()
 }
 
 /// The keys `s` sets, over what the registered subscriber has.
@@ -56,6 +76,9 @@ fn apply(s: &SubscriberConfig, mut sub: Subscriber) -> Subscriber {
     }
     if let Some(n) = s.delivery_limit {
         sub = sub.delivery_limit(n);
+    }
+    if let Some(t) = s.tier_queue_type {
+        sub = sub.tier_queue_type(t);
     }
     if let Some(k) = &s.exchange_kind {
         sub = sub.exchange_kind(k.clone());
@@ -75,11 +98,17 @@ fn apply(s: &SubscriberConfig, mut sub: Subscriber) -> Subscriber {
     if let Some(f) = s.manual_fallback {
         sub = sub.manual_fallback(f);
     }
+    if let Some(n) = s.requeue_limit {
+        sub = sub.requeue_limit(n.get());
+    }
     if let Some(d) = s.deadline {
         sub = sub.deadline(d);
     }
     if let Some(r) = &s.retry {
         sub = sub.retry(r.clone());
+    }
+    if let Some(c) = s.ack_coalescing {
+        sub = sub.ack_coalescing(c.max_acks, c.max_delay);
     }
     sub
 }

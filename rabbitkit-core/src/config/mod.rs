@@ -25,13 +25,14 @@ mod section;
 
 use std::path::Path;
 
-pub use build::{check, from_config};
+pub use build::{check, from_config, topologies};
 pub use registry::Handlers;
 pub use section::{
     ConnectionSection, LogFormat, LogLevel, Observability, SubscriberConfig, TopologySection,
     WorkerConfig,
 };
 
+use crate::connection::{split_url_list, urls_in};
 use crate::error::{Error, Result};
 
 /// The environment variable that overrides `connection.url` (keep passwords out of files).
@@ -60,22 +61,57 @@ impl WorkerConfig {
     }
 
     /// Applies overrides from an environment (`lookup` is `std::env::var` in
-    /// [`WorkerConfig::load`]): [`URL_ENV`] replaces `connection.url`. The new URL is
-    /// checked like the file's; the error never contains it.
+    /// [`WorkerConfig::load`]): [`URL_ENV`] replaces `connection.url`; it may list several
+    /// nodes, comma-separated. [`TLS_ENV`] variables each replace one key of
+    /// `[connection.tls]` (and so turn TLS on). The result is checked like the file; the
+    /// error never contains a URL. Nothing changes when it is refused.
     pub fn override_from_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
-        if let Some(url) = lookup(URL_ENV) {
-            let mut connection = self.connection.clone();
-            connection.url = url;
-            section::check_url(&connection.url)
+        let mut connection = self.connection.clone();
+        let mut tls_vars = Vec::new();
+        for (var, key) in TLS_ENV {
+            let Some(value) = lookup(var) else { continue };
+            let tls = connection.tls.get_or_insert_with(Default::default);
+            match key {
+                "ca-file" => tls.ca_file = Some(value.into()),
+                "cert-file" => tls.cert_file = Some(value.into()),
+                "key-file" => tls.key_file = Some(value.into()),
+                _ => tls.server_name = Some(value),
+            }
+            tls_vars.push(var);
+        }
+        if let Some(list) = lookup(URL_ENV) {
+            connection.urls = split_url_list(&list);
+            connection
+                .to_connection_config()
+                .validate()
+                .map(|_| ())
+                .map_err(|e| match e {
+                    Error::InvalidUrl { reason } => reason,
+                    other => other.to_string(),
+                })
                 .and_then(|()| connection.check_tls())
                 .map_err(|reason| Error::InvalidUrl {
-                    reason: format!("{URL_ENV}: {reason}"),
+                    reason: format!("{URL_ENV}: {}", scrub(&list, &reason)),
                 })?;
-            self.connection = connection;
+        } else if !tls_vars.is_empty() {
+            connection
+                .check_tls()
+                .map_err(|reason| Error::Config(format!("{}: {reason}", tls_vars.join(", "))))?;
         }
+        self.connection = connection;
         Ok(())
     }
 }
+
+/// The environment variables that override `[connection.tls]` keys, and the key each sets:
+/// `RABBITKIT_TLS_CA_FILE`, `RABBITKIT_TLS_CERT_FILE`, `RABBITKIT_TLS_KEY_FILE`,
+/// `RABBITKIT_TLS_SERVER_NAME`. The operator CLI reads the same ones.
+pub const TLS_ENV: [(&str, &str); 4] = [
+    ("RABBITKIT_TLS_CA_FILE", "ca-file"),
+    ("RABBITKIT_TLS_CERT_FILE", "cert-file"),
+    ("RABBITKIT_TLS_KEY_FILE", "key-file"),
+    ("RABBITKIT_TLS_SERVER_NAME", "server-name"),
+];
 
 /// A `toml` error as [`Error::ConfigFile`]: the key from the span, the message with any
 /// password of the document removed (`toml`'s own `Display` quotes the source line).
@@ -115,22 +151,7 @@ fn located(src: &str, key: &str, message: String) -> Error {
 
 /// Removes every URL password that appears in `src` from `message`.
 fn scrub(src: &str, message: &str) -> String {
-    let mut out = message.to_owned();
-    for (i, _) in src.match_indices("://") {
-        let rest = &src[i + 3..];
-        let end = rest
-            .find(|c: char| c == '"' || c == '\'' || c.is_whitespace())
-            .unwrap_or(rest.len());
-        let Some(userinfo) = rest[..end].rsplit_once('@').map(|(u, _)| u) else {
-            continue;
-        };
-        if let Some((_, password)) = userinfo.split_once(':')
-            && !password.is_empty()
-        {
-            out = out.replace(password, "***");
-        }
-    }
-    out
+    crate::connection::scrub(message, urls_in(src))
 }
 
 #[cfg(test)]

@@ -1,14 +1,14 @@
 //! The sections of a worker config file, as strict serde structs.
 
 use std::num::{NonZeroU16, NonZeroUsize};
-use std::str::FromStr;
 use std::time::Duration;
 
-use lapin::uri::AMQPUri;
 use serde::Deserialize;
 
+use crate::coalesce::AckCoalescing;
 use crate::connection::{
-    ConnectionConfig, default_connect_timeout, default_heartbeat, default_max_backoff, redact,
+    ConnectionConfig, NodeOrder, TlsConfig, de_urls, default_connect_timeout, default_heartbeat,
+    default_max_backoff, redact,
 };
 use crate::policy::{AckPolicy, ManualFallback};
 use crate::publisher::PublisherConfig;
@@ -45,29 +45,59 @@ fn default_shutdown_deadline() -> Duration {
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ConnectionSection {
-    /// `amqp://user:pass@host:port/vhost`; [`URL_ENV`](super::URL_ENV) overrides it.
-    #[serde(deserialize_with = "de_url")]
-    pub url: String,
+    /// `url = "amqp://user:pass@host:port/vhost"`, or a list of the nodes of one cluster
+    /// (`url = ["amqp://…@rabbit-1/v", "amqp://…@rabbit-2/v"]`; `urls` is accepted too).
+    /// Every node names the same vhost. [`URL_ENV`](super::URL_ENV) (comma-separated)
+    /// overrides it.
+    #[serde(rename = "url", alias = "urls", deserialize_with = "de_urls")]
+    pub urls: Vec<String>,
+    /// `in-order` (default) or `shuffled` ([`NodeOrder`]).
+    #[serde(default)]
+    pub order: NodeOrder,
     /// Heartbeat interval (default 10 s).
     #[serde(with = "humantime_serde", default = "default_heartbeat")]
     pub heartbeat: Duration,
-    /// Time allowed for one TCP + AMQP handshake (default 10 s).
+    /// Time allowed for one TCP + AMQP handshake with one node (default 10 s).
     #[serde(with = "humantime_serde", default = "default_connect_timeout")]
     pub connect_timeout: Duration,
     /// Cap of the reconnect backoff (default 5 s).
     #[serde(with = "humantime_serde", default = "default_max_backoff")]
     pub max_backoff: Duration,
-    /// TLS on (the URL must be `amqps://` and rabbitkit built with its `tls` feature) or
-    /// off (default; the URL must be `amqp://`). Also checked against an overriding URL, so
-    /// an environment cannot turn TLS off by accident.
-    #[serde(default)]
-    pub tls: bool,
+    /// TLS: `tls = true`, or a `[connection.tls]` table of [`TlsConfig`] settings
+    /// (`ca-file`, `cert-file`, `key-file`, `server-name`), turns it on: every URL must
+    /// be `amqps://` and rabbitkit built with its `tls` feature. Off (default, `None`):
+    /// every URL must be `amqp://`. Also checked against an overriding URL, so an
+    /// environment cannot turn TLS off by accident.
+    #[serde(default, deserialize_with = "de_tls")]
+    pub tls: Option<TlsConfig>,
+}
+
+/// `tls = true | false`, or a table of settings (which turns TLS on).
+fn de_tls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TlsConfig>, D::Error> {
+    struct OnOrSettings;
+    impl<'de> serde::de::Visitor<'de> for OnOrSettings {
+        type Value = Option<TlsConfig>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("true, false, or a table of TLS settings (ca-file, cert-file, key-file, server-name)")
+        }
+        fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<Self::Value, E> {
+            Ok(on.then(TlsConfig::default))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            TlsConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+    d.deserialize_any(OnOrSettings)
 }
 
 impl std::fmt::Debug for ConnectionSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnectionSection")
-            .field("url", &redact(&self.url))
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>(),
+            )
+            .field("order", &self.order)
             .field("heartbeat", &self.heartbeat)
             .field("connect_timeout", &self.connect_timeout)
             .field("max_backoff", &self.max_backoff)
@@ -80,48 +110,31 @@ impl ConnectionSection {
     /// The [`ConnectionConfig`] this section describes.
     pub fn to_connection_config(&self) -> ConnectionConfig {
         ConnectionConfig {
-            url: self.url.clone(),
+            urls: self.urls.clone(),
+            order: self.order,
             heartbeat: self.heartbeat,
             connect_timeout: self.connect_timeout,
             max_backoff: self.max_backoff,
+            tls: self.tls.clone(),
         }
     }
 
     pub(crate) fn check_tls(&self) -> Result<(), String> {
-        let amqps = self.url.starts_with("amqps://");
-        match (self.tls, amqps) {
-            (true, false) => Err("tls = true needs an amqps:// URL".into()),
-            (false, true) => Err("an amqps:// URL needs tls = true".into()),
-            (true, true) if !cfg!(feature = "tls") => {
-                Err("tls = true needs rabbitkit built with its `tls` cargo feature".into())
+        let amqps = self
+            .urls
+            .iter()
+            .filter(|u| u.starts_with("amqps://"))
+            .count();
+        match (&self.tls, amqps) {
+            (Some(_), n) if n < self.urls.len() => Err("TLS needs amqps:// URLs".into()),
+            (None, n) if n > 0 => Err("an amqps:// URL needs tls = true".into()),
+            (Some(_), _) if !cfg!(feature = "tls") => {
+                Err("TLS needs rabbitkit built with its `tls` cargo feature".into())
             }
+            (Some(tls), _) => tls.check(),
             _ => Ok(()),
         }
     }
-}
-
-/// Parses an AMQP URL; the reason never contains the URL.
-pub(crate) fn check_url(url: &str) -> Result<(), String> {
-    AMQPUri::from_str(url).map(|_| ()).map_err(|reason| {
-        // lapin's reasons name the part that failed, not the URL; make sure of it.
-        match url.split_once("://").and_then(|(_, r)| r.split_once('@')) {
-            Some((userinfo, _)) if userinfo.contains(':') => {
-                let password = userinfo.split_once(':').map_or("", |(_, p)| p);
-                if password.is_empty() {
-                    reason
-                } else {
-                    reason.replace(password, "***")
-                }
-            }
-            _ => reason,
-        }
-    })
-}
-
-fn de_url<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let url = String::deserialize(d)?;
-    check_url(&url).map_err(|reason| serde::de::Error::custom(format!("invalid URL: {reason}")))?;
-    Ok(url)
 }
 
 /// `[topology]`: what a worker does with its queues and exchanges at start.
@@ -151,6 +164,11 @@ pub struct Observability {
     /// cargo feature: without it the key is refused rather than ignored.
     #[serde(default)]
     pub http_listen: Option<std::net::SocketAddr>,
+    /// How often each subscriber's parking queue depth is polled into the
+    /// `rabbitkit_parking_depth` gauge ([`Worker::parking_depth_interval`](crate::Worker::parking_depth_interval));
+    /// off by default, at least `1s`.
+    #[serde(default, with = "humantime_serde")]
+    pub parking_depth_interval: Option<std::time::Duration>,
 }
 
 /// A log level.
@@ -212,6 +230,10 @@ pub struct SubscriberConfig {
     pub queue_type: Option<QueueType>,
     /// Quorum only: `x-delivery-limit`.
     pub delivery_limit: Option<u32>,
+    /// Type of the delay tiers: `quorum` (default, at-least-once dead-lettering into the
+    /// work queue) or `classic` (opt-in, at-most-once: see
+    /// [`Topology::tier_queue_type`](crate::topology::Topology::tier_queue_type)).
+    pub tier_queue_type: Option<QueueType>,
     /// Kind of the bound exchanges: `topic`, `direct`, `fanout`, `headers`.
     pub exchange_kind: Option<String>,
     /// Bindings (`{ exchange = "shop", routing-key = "order.*" }`); replace the registered
@@ -225,11 +247,18 @@ pub struct SubscriberConfig {
     pub ack: Option<AckPolicy>,
     /// Manual mode: what a handler that returns without settling gets.
     pub manual_fallback: Option<ManualFallback>,
+    /// Requeues allowed per message before the next one parks it (`requeue-limit`);
+    /// at least 1.
+    pub requeue_limit: Option<std::num::NonZeroU32>,
     /// Deadline of one handler run; past it the run fails with `timeout` (retried).
     #[serde(with = "humantime_serde::option", default)]
     pub deadline: Option<Duration>,
     /// `[subscribers.retry]`: tiers, max-attempts, immediate retries ([`RetryPolicy`]).
     pub retry: Option<RetryPolicy>,
+    /// `ack-coalescing = { max-acks = 32, max-delay = "5ms" }`: a run of successes acked
+    /// with one multiple ack ([`AckCoalescing`]); off unless given. `max-acks` 1..=prefetch,
+    /// `max-delay` at most 1 s.
+    pub ack_coalescing: Option<AckCoalescing>,
 }
 
 impl WorkerConfig {
@@ -271,10 +300,16 @@ impl WorkerConfig {
                     ),
                 ));
             }
+            if let Some(c) = &s.ack_coalescing {
+                // The registered subscriber's prefetch is checked when the worker is built.
+                c.check(s.prefetch.map(|p| p.get()))
+                    .map_err(|(k, m)| (at(&format!("ack-coalescing.{k}")), m))?;
+            }
             if let Some(r) = &s.retry {
                 if r.max_attempts == 0 {
                     return Err((at("retry.max-attempts"), "must be at least 1".into()));
                 }
+                crate::kind::validate(&r.kinds).map_err(|e| (at("retry.kinds"), e.to_string()))?;
                 r.validate()
                     .map_err(|e| (at("retry.tiers"), e.to_string()))?;
             }

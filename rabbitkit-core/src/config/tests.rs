@@ -3,6 +3,7 @@ use std::time::Duration;
 use super::*;
 use crate::extract::Body;
 use crate::policy::{AckPolicy, ManualFallback};
+use crate::retry::RetryStep;
 use crate::subscriber::Subscriber;
 use crate::topology::{Binding, QueueType, TopologyMode};
 use crate::worker::{Worker, from_config};
@@ -59,9 +60,45 @@ fn reference_file_parses_with_every_key() {
     let flaky = &w.subscribers[1];
     assert_eq!(flaky.handler_name(), "flaky-jobs");
     assert_eq!(flaky.topology.queue_type, QueueType::Quorum);
+    assert_eq!(flaky.topology.tier_queue_type, QueueType::Quorum);
+    // Left out, the tiers are quorum.
+    assert_eq!(w.subscribers[0].topology.tier_queue_type, QueueType::Quorum);
     assert_eq!(
         flaky.retry.tiers,
         [Duration::from_millis(200), Duration::from_secs(1)]
+    );
+    assert_eq!(w.parking_depth, Some(Duration::from_secs(30)));
+    assert_eq!(
+        flaky.ack_coalescing,
+        Some(crate::AckCoalescing::new(8, Duration::from_millis(5)))
+    );
+    // Policies by kind reach the subscriber and its decisions.
+    let orders = &w.subscribers[2].retry;
+    assert_eq!(orders.next_for("validation", 1, None), RetryStep::ParkNow);
+    assert_eq!(
+        orders.next_for("inventory", 4, None),
+        RetryStep::Tier(Duration::from_secs(1))
+    );
+    assert_eq!(orders.next_for("error", 3, None), RetryStep::Exhausted);
+}
+
+#[test]
+fn a_kind_policy_that_contradicts_itself_is_refused_at_load() {
+    let src = format!(
+        "{MINIMAL}\n[subscribers.retry]\ntiers = [\"1s\"]\n\n[subscribers.retry.kinds.bad]\npark = true\nmax-attempts = 2\n"
+    );
+    let (key, _, _, message) = file_error(&src);
+    assert_eq!(key, "subscribers[0].retry.kinds");
+    assert!(
+        message.contains("\"bad\"") && message.contains("park"),
+        "{message}"
+    );
+    let unknown = format!(
+        "{MINIMAL}\n[subscribers.retry]\ntiers = []\n\n[subscribers.retry.kinds.x]\nprk = true\n"
+    );
+    assert!(
+        WorkerConfig::from_toml(&unknown).is_err(),
+        "unknown key in a kind"
     );
 }
 
@@ -94,6 +131,7 @@ fn defaults_are_the_builders() {
         (plain.policy, plain.fallback, plain.mode)
     );
     assert_eq!(s.deadline, None);
+    assert_eq!(s.ack_coalescing, None, "ack coalescing is off by default");
 }
 
 /// Every key with a value that is not its default, and the place it must reach.
@@ -123,13 +161,16 @@ name = "jobs-v2"
 queue = "jobs"
 queue-type = "quorum"
 delivery-limit = 9
+tier-queue-type = "classic"
 exchange-kind = "direct"
 bindings = [{ exchange = "work", routing-key = "job" }]
 prefetch = 12
 concurrency = 3
 ack = "manual"
 manual-fallback = "reject"
+requeue-limit = 4
 deadline = "2s"
+ack-coalescing = { max-acks = 6, max-delay = "3ms" }
 [subscribers.retry]
 tiers = ["2s", "1m"]
 max-attempts = 8
@@ -147,10 +188,11 @@ jitter = true
     let w = from_config(&cfg, &handlers()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(w.shutdown_deadline, Duration::from_secs(7));
     let c = &w.connection;
-    assert_eq!(c.url, "amqp://app:s3cret@rabbit:5672/orders");
+    assert_eq!(c.urls, ["amqp://app:s3cret@rabbit:5672/orders"]);
     assert_eq!(c.heartbeat, Duration::from_secs(3));
     assert_eq!(c.connect_timeout, Duration::from_secs(4));
     assert_eq!(c.max_backoff, Duration::from_secs(9));
+    assert_eq!(c.order, crate::NodeOrder::InOrder);
     let p = &w.publisher;
     assert_eq!((p.max_in_flight, p.channels, p.max_body), (7, 2, 1000));
     assert_eq!(p.confirm_timeout, Duration::from_secs(11));
@@ -160,6 +202,7 @@ jitter = true
     assert_eq!(s.mode, TopologyMode::Validate);
     assert_eq!(s.topology.queue_type, QueueType::Quorum);
     assert_eq!(s.topology.delivery_limit, 9);
+    assert_eq!(s.topology.tier_queue_type, QueueType::Classic);
     assert_eq!(s.topology.exchange_kind, "direct");
     assert_eq!(
         s.topology.bindings,
@@ -171,7 +214,12 @@ jitter = true
     assert_eq!((s.prefetch, s.concurrency), (12, 3));
     assert_eq!(s.policy, AckPolicy::Manual);
     assert_eq!(s.fallback, ManualFallback::Reject);
+    assert_eq!(s.requeue_limit, 4);
     assert_eq!(s.deadline, Some(Duration::from_secs(2)));
+    assert_eq!(
+        s.ack_coalescing,
+        Some(crate::AckCoalescing::new(6, Duration::from_millis(3)))
+    );
     assert_eq!(
         s.retry,
         RetryPolicy {
@@ -180,6 +228,7 @@ jitter = true
             immediate_retries: 2,
             immediate_backoff: Duration::from_millis(10),
             jitter: true,
+            kinds: Default::default(),
         }
     );
 }
@@ -265,6 +314,51 @@ fn bad_durations_and_zero_prefetch_are_located() {
 }
 
 #[test]
+fn bad_ack_coalescing_is_located() {
+    let (key, line, ..) = file_error(&format!(
+        "{MINIMAL}ack-coalescing = {{ max-acks = 0, max-delay = \"5ms\" }}\n"
+    ));
+    assert_eq!(
+        (key.as_str(), line),
+        ("subscribers[0].ack-coalescing.max-acks", 8)
+    );
+    let (key, _, _, message) = file_error(&format!(
+        "{MINIMAL}prefetch = 10\nack-coalescing = {{ max-acks = 11, max-delay = \"5ms\" }}\n"
+    ));
+    assert_eq!(key, "subscribers[0].ack-coalescing.max-acks");
+    assert!(message.contains("prefetch (10)"), "{message}");
+    let (key, ..) = file_error(&format!(
+        "{MINIMAL}ack-coalescing = {{ max-acks = 8, max-delay = \"2s\" }}\n"
+    ));
+    assert_eq!(key, "subscribers[0].ack-coalescing.max-delay");
+    let (key, _, _, message) = file_error(&format!(
+        "{MINIMAL}ack-coalescing = {{ max-acks = 8, delay = \"2ms\" }}\n"
+    ));
+    assert!(key.starts_with("subscribers[0].ack-coalescing"), "{key}");
+    assert!(message.contains("delay"), "{message}");
+    // Against the registered subscriber's prefetch (50) when the file leaves it out, and
+    // never with ack-first.
+    let over = parse(&format!(
+        "{MINIMAL}ack-coalescing = {{ max-acks = 51, max-delay = \"5ms\" }}\n"
+    ));
+    let err = from_config(&over, &handlers()).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("prefetch (50)")),
+        "{err:?}"
+    );
+    let first = parse(&format!(
+        "{MINIMAL}ack = \"ack-first\"\nack-coalescing = {{ max-acks = 8, max-delay = \"5ms\" }}\n"
+    ));
+    let err = from_config(&first, &handlers())
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("ack-first")),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn bad_url_is_typed_and_never_shows_the_password() {
     let src = MINIMAL.replace(
         "amqp://app:s3cret@rabbit:5672/%2f",
@@ -309,18 +403,87 @@ fn tls_must_agree_with_the_url_and_the_feature() {
 }
 
 #[test]
+fn tls_settings_parse_as_a_table_and_agree_with_the_url() {
+    let src = MINIMAL.replace("amqp://", "amqps://").replace(
+        "%2f\"",
+        "%2f\"\n[connection.tls]\nca-file = \"/etc/rk/ca.pem\"\ncert-file = \"c.pem\"\nkey-file = \"k.pem\"\nserver-name = \"rabbit.test\"",
+    );
+    let r = WorkerConfig::from_toml(&src);
+    if !cfg!(feature = "tls") {
+        // Refused, not parsed and ignored.
+        let msg = r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            msg.contains("connection.tls") && msg.contains("`tls` cargo feature"),
+            "{msg}"
+        );
+        return;
+    }
+    let cfg = r.unwrap_or_else(|e| panic!("{e}"));
+    let want = crate::connection::TlsConfig::new()
+        .ca_file("/etc/rk/ca.pem")
+        .client_cert("c.pem", "k.pem")
+        .server_name("rabbit.test");
+    assert_eq!(cfg.connection.tls.as_ref(), Some(&want));
+    assert_eq!(cfg.connection.to_connection_config().tls, Some(want));
+    // A certificate without its key, an unknown key, settings on amqp:// URLs.
+    let (key, _, _, message) = file_error(&src.replace("key-file = \"k.pem\"\n", ""));
+    assert_eq!(key, "connection.tls");
+    assert!(message.contains("key-file"), "{message}");
+    let (key, ..) = file_error(&src.replace("ca-file", "ca-path"));
+    assert!(key.starts_with("connection.tls"), "{key}");
+    let (key, ..) = file_error(&src.replace("amqps://", "amqp://"));
+    assert_eq!(key, "connection.tls");
+}
+
+#[test]
+fn tls_environment_variables_override_the_file() {
+    let src = MINIMAL
+        .replace("amqp://", "amqps://")
+        .replace("%2f\"", "%2f\"\ntls = true");
+    if !cfg!(feature = "tls") {
+        // Refused at parse (tls_settings_parse_as_a_table_and_agree_with_the_url).
+        return;
+    }
+    let mut cfg = parse(&src);
+    cfg.override_from_env(|k| match k {
+        "RABBITKIT_TLS_CA_FILE" => Some("/run/ca.pem".into()),
+        "RABBITKIT_TLS_SERVER_NAME" => Some("rabbit.test".into()),
+        _ => None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let tls = cfg.connection.tls.clone().unwrap_or_default();
+    assert_eq!(
+        tls.ca_file.as_deref(),
+        Some(std::path::Path::new("/run/ca.pem"))
+    );
+    assert_eq!(tls.server_name.as_deref(), Some("rabbit.test"));
+    // A half client certificate is refused, naming the variable; nothing changes.
+    let err = cfg
+        .override_from_env(|k| (k == "RABBITKIT_TLS_CERT_FILE").then(|| "c.pem".into()))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("RABBITKIT_TLS_CERT_FILE") && err.contains("key-file"),
+        "{err}"
+    );
+    assert_eq!(cfg.connection.tls, Some(tls));
+}
+
+#[test]
 fn rabbitkit_url_overrides_the_file_and_is_checked() {
     let mut cfg = parse(MINIMAL);
     let env = |url: &'static str| move |k: &str| (k == URL_ENV).then(|| url.to_owned());
     cfg.override_from_env(env("amqp://u:pw@other:5673/v"))
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(cfg.connection.url, "amqp://u:pw@other:5673/v");
+    assert_eq!(cfg.connection.urls, ["amqp://u:pw@other:5673/v"]);
     let w = from_config(&cfg, &handlers()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(w.connection.url, "amqp://u:pw@other:5673/v");
+    assert_eq!(w.connection.urls, ["amqp://u:pw@other:5673/v"]);
     cfg.override_from_env(|_| None)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        cfg.connection.url, "amqp://u:pw@other:5673/v",
+        cfg.connection.urls,
+        ["amqp://u:pw@other:5673/v"],
         "no variable, no change"
     );
 
@@ -339,7 +502,8 @@ fn rabbitkit_url_overrides_the_file_and_is_checked() {
         "{reason}"
     );
     assert_eq!(
-        cfg.connection.url, "amqp://u:pw@other:5673/v",
+        cfg.connection.urls,
+        ["amqp://u:pw@other:5673/v"],
         "a refused URL changes nothing"
     );
 }
@@ -410,7 +574,7 @@ fn load_reads_the_file_then_the_environment() {
     // The test environment may set RABBITKIT_URL; either way it wins over the file.
     let want =
         std::env::var(URL_ENV).unwrap_or_else(|_| "amqp://app:s3cret@rabbit:5672/%2f".into());
-    assert_eq!(cfg.connection.url, want);
+    assert_eq!(cfg.connection.urls.join(","), want);
     assert_eq!(cfg.subscribers[0].queue, "greetings");
     let err = WorkerConfig::load(&path).err().map(|e| e.to_string());
     assert!(
@@ -444,4 +608,103 @@ fn http_listen_reaches_the_worker_or_is_refused_without_the_feature() {
     }
     let (key, ..) = file_error(&src.replace("127.0.0.1:9464", "localhost"));
     assert_eq!(key, "observability.http-listen");
+}
+
+#[test]
+fn parking_depth_interval_reaches_the_worker() {
+    let src = MINIMAL.replace(
+        "[[sub",
+        "[observability]\nparking-depth-interval = \"15s\"\n[[sub",
+    );
+    let cfg = WorkerConfig::from_toml(&src).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        cfg.observability.parking_depth_interval,
+        Some(std::time::Duration::from_secs(15))
+    );
+    let w = from_config(&cfg, &handlers()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(w.parking_depth, Some(std::time::Duration::from_secs(15)));
+    let off = from_config(
+        &WorkerConfig::from_toml(MINIMAL).unwrap_or_else(|e| panic!("{e}")),
+        &handlers(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(off.parking_depth, None, "off by default");
+    let (key, ..) = file_error(&src.replace("15s", "fifteen"));
+    assert_eq!(key, "observability.parking-depth-interval");
+}
+
+#[test]
+fn a_settle_handler_needs_manual_ack() {
+    async fn manual(s: crate::Settle) -> crate::Outcome {
+        let _ = s.ack().await;
+        crate::Outcome::Settled
+    }
+    let h = Handlers::new().handler("greet", manual);
+    let err = from_config(&parse(MINIMAL), &h)
+        .err()
+        .unwrap_or_else(|| panic!("a Settle handler under ack = auto must be refused"));
+    assert!(err.to_string().contains("Settle"), "{err}");
+    let cfg = parse(&format!("{MINIMAL}ack = \"manual\"\n"));
+    let _worker = from_config(&cfg, &h).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_node_list_and_its_order_reach_the_worker() {
+    let src = MINIMAL.replace(
+        "url = \"amqp://app:s3cret@rabbit:5672/%2f\"",
+        "url = [\"amqp://app:s3cret@rabbit-1:5672/%2f\", \"amqp://app:s3cret@rabbit-2:5672/%2f\"]\norder = \"shuffled\"",
+    );
+    let w = build(&src);
+    assert_eq!(
+        w.connection.urls,
+        [
+            "amqp://app:s3cret@rabbit-1:5672/%2f",
+            "amqp://app:s3cret@rabbit-2:5672/%2f"
+        ]
+    );
+    assert_eq!(w.connection.order, crate::NodeOrder::Shuffled);
+    // `urls` is the same key under its plural name.
+    let plural = build(&src.replace("url = [", "urls = ["));
+    assert_eq!(plural.connection.urls, w.connection.urls);
+    // Both at once, an empty list, an unknown order, mixed vhosts: refused, located,
+    // no password in the message.
+    let both = src.replace("order =", "urls = [\"amqp://h/%2f\"]\norder =");
+    let (key, ..) = file_error(&both);
+    assert!(key.starts_with("connection"), "{key}");
+    let (key, _, _, message) =
+        file_error(&MINIMAL.replace("url = \"amqp://app:s3cret@rabbit:5672/%2f\"", "url = []"));
+    assert_eq!(key, "connection.url");
+    assert!(message.contains("no broker URL"), "{message}");
+    let (key, ..) = file_error(&src.replace("\"shuffled\"", "\"random\""));
+    assert_eq!(key, "connection.order");
+    let (key, _, _, message) = file_error(&src.replace("rabbit-2:5672/%2f", "rabbit-2:5672/other"));
+    assert_eq!(key, "connection.url");
+    assert!(
+        message.contains("same vhost") && !message.contains("s3cret"),
+        "{message}"
+    );
+}
+
+#[test]
+fn rabbitkit_url_may_list_several_nodes() {
+    let mut cfg = parse(MINIMAL);
+    cfg.override_from_env(|k| {
+        (k == URL_ENV).then(|| "amqp://u:p@ss@one:5672/v, amqp://u:p@ss@two:5673/v".to_owned())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        cfg.connection.urls,
+        ["amqp://u:p@ss@one:5672/v", "amqp://u:p@ss@two:5673/v"]
+    );
+    let err = cfg
+        .override_from_env(|k| {
+            (k == URL_ENV).then(|| "amqp://u:hunt@r2@one/v,amqp://u:hunt@r2@two/w".to_owned())
+        })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains(URL_ENV) && err.contains("same vhost") && !err.contains("hunt"),
+        "{err}"
+    );
 }

@@ -72,6 +72,7 @@ mod store;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
@@ -100,11 +101,18 @@ impl std::fmt::Debug for IdempotentLayer {
 }
 
 impl IdempotentLayer {
-    /// Deduplicates by message id in `store`. Deliveries without a message id run as usual.
+    /// Deduplicates by message id in `store`. Deliveries without a message id (or with an
+    /// empty one) run as usual.
     pub fn new(store: impl IdempotencyStore) -> Self {
         Self {
             store: Arc::new(store),
-            key: Arc::new(|d: &Delivery| d.message_id().map(str::to_owned)),
+            // An empty id is no id: keyed on it, every such message after the first would
+            // be acked unprocessed.
+            key: Arc::new(|d: &Delivery| {
+                d.message_id()
+                    .filter(|id| !id.is_empty())
+                    .map(str::to_owned)
+            }),
         }
     }
 
@@ -194,11 +202,15 @@ where
                     return Ok(outcome);
                 };
                 // Manual mode: the handler acks itself, so the mark goes into its handle.
-                let marking = Settle::new(Arc::new(MarkingSink { store, key, handle }));
-                let wrapped = delivery.with_settle(marking.clone());
-                marking.attach(wrapped.clone());
+                let sink = Arc::new(MarkingSink {
+                    store,
+                    key,
+                    handle,
+                    running: AtomicBool::new(true),
+                });
+                let wrapped = delivery.with_settle(Settle::new(sink.clone()));
                 let result = inner.call(wrapped).await.map_err(Into::into);
-                marking.detach();
+                sink.running.store(false, Ordering::Release);
                 result
             }),
         }
@@ -233,15 +245,17 @@ struct MarkingSink {
     store: Arc<dyn IdempotencyStore>,
     key: String,
     handle: Settle,
+    /// False once the handler returned: a later settle must not mark the key.
+    running: AtomicBool,
 }
 
 impl SettleSink for MarkingSink {
-    fn settle(
-        &self,
-        _delivery: Delivery,
-        outcome: Outcome,
-    ) -> Pin<Box<dyn Future<Output = SettleReport> + Send + '_>> {
+    fn settle(&self, outcome: Outcome) -> Pin<Box<dyn Future<Output = SettleReport> + Send + '_>> {
         Box::pin(async move {
+            if !self.running.load(Ordering::Acquire) {
+                tracing::warn!("settle after the handler returned: the fallback already applied");
+                return SettleReport::Nothing;
+            }
             if matches!(outcome, Outcome::Ack) {
                 mark(self.store.as_ref(), &self.key).await;
             }

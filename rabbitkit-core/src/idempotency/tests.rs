@@ -53,6 +53,26 @@ async fn a_redelivered_duplicate_is_acked_without_a_second_effect() {
 }
 
 #[tokio::test]
+async fn an_empty_message_id_is_no_key() {
+    // An empty id is what producers that "set" no id often send: keying on it would ack
+    // every such message after the first one unprocessed.
+    let effects = Arc::new(AtomicU32::new(0));
+    let fail = Arc::new(AtomicBool::new(false));
+    let s = store();
+    let kit = TestKit::new(counting(&effects, &fail).layer(IdempotentLayer::new(s.clone())));
+    for body in ["a", "b", "c"] {
+        let r = kit.run(TestDelivery::new(body).message_id("")).await;
+        assert!(r.is_ack(), "{r}");
+    }
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        3,
+        "each empty-id message ran"
+    );
+    assert_eq!(s.len(), 0, "nothing keyed on an empty id");
+}
+
+#[tokio::test]
 async fn a_failed_run_is_not_marked_so_its_retry_runs_again() {
     let effects = Arc::new(AtomicU32::new(0));
     let fail = Arc::new(AtomicBool::new(true));

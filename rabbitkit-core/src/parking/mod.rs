@@ -242,6 +242,11 @@ impl Parking {
         &self.parking_queue
     }
 
+    /// The work queue whose parking queue this is (where a replay sends copies).
+    pub fn work_queue(&self) -> &str {
+        &self.work_queue
+    }
+
     pub(super) async fn channel(&self) -> Result<Channel> {
         let conn = self.connector.get(CONNECT_WAIT).await?;
         conn.conn.create_channel().await.map_err(Error::amqp)

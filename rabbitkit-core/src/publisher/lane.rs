@@ -9,8 +9,11 @@
 //!   it to whichever confirm it resolves next on that channel. The broker sends the return
 //!   before the message's ack, so the confirm that carries it resolves no later than the
 //!   returned message's own one. The lane therefore reads the carried return's
-//!   `message_id` (rabbitkit always sets one) and files it under that id; a lane never has
-//!   two publishes with one id in flight, so the id names exactly one publish;
+//!   `message_id` (rabbitkit always sets one) and files it under that id. When a publish's
+//!   id is already awaiting its confirm on the channel (retry copies keep the original's
+//!   id; producers reuse ids), the lane does not wait: it writes the publish with a
+//!   [`PUBLISH_TOKEN`] header unique on the channel, and a return is filed under
+//!   (id, token), so it names exactly one publish;
 //! - one multi-ack frame resolves its confirms one by one, in hash order, while lapin holds
 //!   the channel's acknowledgement lock. A lane that sees one confirm of such a batch may
 //!   not see the carrier yet. Before reporting, the lane takes that lock itself (through
@@ -29,7 +32,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use futures_util::FutureExt;
 use futures_util::task::AtomicWaker;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::ShortString;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Confirmation, PublisherConfirm};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
@@ -38,6 +41,7 @@ use super::{PublishOutcome, Shared};
 use crate::connection::Conn;
 use crate::envelope::Prepared;
 use crate::error::{Error, Result};
+use crate::headers::PUBLISH_TOKEN;
 
 /// Loop turns a lane takes before it yields to the runtime.
 const BUDGET: usize = 128;
@@ -121,10 +125,51 @@ impl BlockWatch {
     }
 }
 
+/// What a return is filed under: the channel's epoch, the message id, the publish token
+/// (0 when the publish carried none).
+type Key = (u64, ShortString, u64);
+
+/// The token a returned message carries (0: none, or not one the lane could have written).
+fn token_of(properties: &lapin::BasicProperties) -> u64 {
+    match properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(PUBLISH_TOKEN))
+    {
+        Some(AMQPValue::LongLongInt(v)) => u64::try_from(*v).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// `properties` with the publish token set to `token`, or removed when `token` is 0.
+fn with_token(properties: lapin::BasicProperties, token: u64) -> lapin::BasicProperties {
+    let present = properties
+        .headers()
+        .as_ref()
+        .is_some_and(|h| h.contains_key(PUBLISH_TOKEN));
+    if token == 0 && !present {
+        return properties;
+    }
+    let mut map = properties
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    if token == 0 {
+        map.remove(PUBLISH_TOKEN);
+    } else {
+        // Tokens are lane sequence numbers: far below i64::MAX.
+        let value = i64::try_from(token).unwrap_or(i64::MAX);
+        map.insert(PUBLISH_TOKEN.into(), AMQPValue::LongLongInt(value));
+    }
+    properties.with_headers(FieldTable::from(map))
+}
+
 /// A publish written (or being written) on a channel.
 struct Entry {
     epoch: u64,
-    id: ShortString,
+    /// The message id and the [`PUBLISH_TOKEN`] it was written with (0: none).
+    id: (ShortString, u64),
     started: Instant,
     deadline: Instant,
     watch: BlockWatch,
@@ -187,9 +232,9 @@ struct Lane {
     next_seq: u64,
     entries: HashMap<u64, Entry>,
     /// `(epoch, message id)` of every entry: a second publish with a taken id waits.
-    ids: HashSet<(u64, ShortString)>,
+    ids: HashSet<Key>,
     /// Returns read from the confirms that carried them, by `(epoch, message id)`.
-    returns: HashMap<(u64, ShortString), (u16, String)>,
+    returns: HashMap<Key, (u16, String)>,
     /// Deadlines of unreported entries.
     deadlines: BTreeSet<(Instant, u64)>,
     wakes: Arc<Wakes>,
@@ -272,6 +317,7 @@ impl Lane {
         let mut resolved: Vec<(u64, lapin::Result<Confirmation>)> = Vec::new();
         let mut progress = false;
         loop {
+            let before = resolved.len();
             let mut saw = false;
             for seq in self.wakes.take() {
                 if let Some(result) = self.poll_confirm(seq) {
@@ -293,7 +339,11 @@ impl Lane {
             if !saw {
                 break;
             }
-            self.barrier();
+            // Only a confirm resolved in this pass can belong to a multi-ack still being
+            // applied; a pass that only finished a write has nothing to wait for.
+            if resolved.len() > before {
+                self.barrier();
+            }
         }
         for (seq, result) in resolved {
             self.finish(seq, result);
@@ -358,6 +408,7 @@ impl Lane {
         let key = (
             epoch,
             ret.properties.message_id().clone().unwrap_or_default(),
+            token_of(&ret.properties),
         );
         if self.ids.contains(&key) {
             self.returns
@@ -393,7 +444,7 @@ impl Lane {
             return;
         };
         if entry.reply.is_some() {
-            let key = (entry.epoch, entry.id.clone());
+            let key = (entry.epoch, entry.id.0.clone(), entry.id.1);
             let returned = self.returns.get(&key).cloned();
             let outcome = match (result, returned) {
                 (
@@ -427,6 +478,10 @@ impl Lane {
             return;
         };
         self.deadlines.remove(&(entry.deadline, seq));
+        self.shared
+            .counters
+            .unconfirmed
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.shared.count(&outcome);
         let _ = reply.send(outcome);
         drop(permit);
@@ -435,7 +490,7 @@ impl Lane {
     fn forget(&mut self, seq: u64) {
         if let Some(entry) = self.entries.remove(&seq) {
             self.deadlines.remove(&(entry.deadline, seq));
-            let key = (entry.epoch, entry.id);
+            let key = (entry.epoch, entry.id.0, entry.id.1);
             self.returns.remove(&key);
             self.ids.remove(&key);
         }
@@ -567,12 +622,13 @@ impl Lane {
             return false;
         }
         let epoch = self.epoch;
+        let mut unwritten = None;
         if self
             .writing
             .as_ref()
             .is_some_and(|w| self.entries.get(&w.seq).is_some_and(|e| e.epoch == epoch))
         {
-            self.writing = None;
+            unwritten = self.writing.take().map(|w| w.fut);
         }
         let zombies: Vec<u64> = self
             .entries
@@ -583,7 +639,7 @@ impl Lane {
         for seq in zombies {
             self.forget(seq);
         }
-        self.close_channel();
+        self.close_channel_after(unwritten);
         self.epoch += 1;
         self.tainted = false;
         tracing::debug!(epoch, "publisher channel dropped after a timeout");
@@ -591,10 +647,27 @@ impl Lane {
     }
 
     fn close_channel(&mut self) {
+        let unwritten = self.writing.take().map(|w| w.fut);
+        self.close_channel_after(unwritten);
+    }
+
+    /// Closes the current channel once `unwritten` (the channel's last publish, still queued
+    /// in lapin) is written. lapin sends a `channel.close` ahead of queued publish frames; a
+    /// publish that reaches the broker after the close is a connection error
+    /// (`CHANNEL_ERROR - expected 'channel.open'`) that fails every other publish on the
+    /// connection. Publish frames leave in order, so the last one written means all are.
+    fn close_channel_after(
+        &mut self,
+        unwritten: Option<BoxFuture<lapin::Result<PublisherConfirm>>>,
+    ) {
         if let Chan::Open(open) = std::mem::replace(&mut self.chan, Chan::None)
             && open.channel.status().connected()
         {
             tokio::spawn(async move {
+                if let Some(write) = unwritten {
+                    // Resolves once written, or fails with the connection: never hangs past it.
+                    let _ = write.await;
+                }
                 let close = open
                     .channel
                     .close(200, "rabbitkit: channel recycled".into());
@@ -641,18 +714,21 @@ impl Lane {
                 true
             }
             Chan::Open(open) => {
-                let key = (open.epoch, front.id());
-                if self.ids.contains(&key) {
-                    // Same message id in flight on this channel: wait for its outcome.
-                    return progress;
-                }
                 let Some(job) = self.backlog.pop_front() else {
                     return progress;
                 };
                 let seq = self.next_seq;
                 self.next_seq += 1;
+                let mut key = (open.epoch, job.id(), 0);
+                if self.ids.contains(&key) {
+                    // The id awaits a confirm on this channel already: a token unique on
+                    // the channel tells the two apart should one be returned.
+                    key.2 = seq + 1;
+                }
                 let channel = open.channel.clone();
-                let p = job.prepared;
+                let mut p = job.prepared;
+                // Only a mandatory publish can come back; any other sheds a stale token.
+                p.properties = with_token(p.properties, if p.mandatory { key.2 } else { 0 });
                 let opts = BasicPublishOptions {
                     mandatory: p.mandatory,
                     immediate: false,
@@ -666,7 +742,7 @@ impl Lane {
                     seq,
                     Entry {
                         epoch: open.epoch,
-                        id: key.1.clone(),
+                        id: (key.1.clone(), key.2),
                         started: job.started,
                         deadline: job.deadline,
                         watch: BlockWatch::new(open.conn.clone()),
@@ -679,6 +755,10 @@ impl Lane {
                     },
                 );
                 self.ids.insert(key);
+                self.shared
+                    .counters
+                    .unconfirmed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.deadlines.insert((job.deadline, seq));
                 self.writing = Some(Writing { seq, fut });
                 true

@@ -97,6 +97,8 @@ struct Counters {
     timed_out: AtomicU64,
     failed: AtomicU64,
     latency_micros: AtomicU64,
+    /// Publishes handed to a channel whose outcome is not reported yet (kept by the lanes).
+    unconfirmed: AtomicU64,
 }
 
 /// A snapshot of a publisher's counters.
@@ -116,6 +118,10 @@ pub struct PublisherStats {
     pub failed: u64,
     /// Sum of confirm latencies of confirmed publishes.
     pub confirm_latency_total: Duration,
+    /// Publishes written to a channel (or being written) whose outcome is not known yet,
+    /// counted by the channels' tasks; never above [`PublisherConfig::max_in_flight`].
+    /// [`Publisher::in_flight`] also counts publishes waiting to be written.
+    pub unconfirmed: u64,
 }
 
 /// A publisher with broker confirms, mandatory routing and a bounded unconfirmed window.
@@ -144,6 +150,12 @@ struct Shared {
     connector: Connector,
     cfg: PublisherConfig,
     counters: Counters,
+    /// Set by [`Publisher::close`]: later publishes are refused, not sent on a new
+    /// connection.
+    closed: std::sync::atomic::AtomicBool,
+    /// Keeps the Prometheus histograms folded while the lanes record latencies.
+    #[cfg(feature = "http")]
+    _upkeep: Option<crate::observe::UpkeepGuard>,
 }
 
 impl Publisher {
@@ -188,8 +200,12 @@ impl Publisher {
                         timed_out: AtomicU64::new(0),
                         failed: AtomicU64::new(0),
                         latency_micros: AtomicU64::new(0),
+                        unconfirmed: AtomicU64::new(0),
                     },
                     cfg: cfg.clone(),
+                    closed: std::sync::atomic::AtomicBool::new(false),
+                    #[cfg(feature = "http")]
+                    _upkeep: crate::observe::upkeep_guard(),
                 }),
                 permits: Arc::new(Semaphore::new(cfg.max_in_flight)),
                 lanes,
@@ -198,12 +214,12 @@ impl Publisher {
         })
     }
 
-    /// Connects now (instead of on the first publish), waiting up to the confirm timeout.
+    /// Connects now (instead of on the first publish), waiting up to the connection's
+    /// `connect_timeout` (every node is tried at least once).
     pub async fn connect(&self) -> Result<()> {
-        let shared = &self.inner.shared;
-        shared
-            .connector
-            .get(shared.cfg.confirm_timeout)
+        let connector = &self.inner.shared.connector;
+        connector
+            .get(connector.config().connect_timeout)
             .await
             .map(|_| ())
     }
@@ -211,6 +227,12 @@ impl Publisher {
     /// The settings.
     pub fn config(&self) -> &PublisherConfig {
         &self.inner.shared.cfg
+    }
+
+    /// Whether `envelope` passes the checks [`Publisher::send`] makes before sending
+    /// (names, body size, headers, properties budget): `Err` is the error `send` would give.
+    pub fn check(&self, envelope: &Envelope) -> Result<()> {
+        envelope.check(self.inner.shared.cfg.max_body, MAX_PROPERTIES)
     }
 
     /// Publishes and waits for the broker's verdict.
@@ -230,9 +252,21 @@ impl Publisher {
     /// outcome. With [`PublisherConfig::channels`] = 1, publishes sent one after another go
     /// out in that order.
     ///
-    /// `Err` means the envelope was refused before anything was sent.
+    /// `Err` means the envelope was refused before anything was sent ([`Error::Closed`]
+    /// after [`Publisher::close`]).
     pub async fn send(&self, envelope: Envelope) -> Result<PendingConfirm> {
+        // The send span's context replaces the envelope's trace headers (a retry copy
+        // then carries the context of the attempt that failed).
+        #[cfg(feature = "otel")]
+        let (envelope, span) = {
+            let span = crate::observe::otel::send_span(&envelope);
+            (crate::observe::otel::inject(&span, envelope), span)
+        };
         let shared = &self.inner.shared;
+        let closed = || Error::Closed { what: "publisher" };
+        if shared.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
         let prepared = envelope.prepare(shared.cfg.max_body, MAX_PROPERTIES)?;
         let permit = self
             .inner
@@ -240,7 +274,11 @@ impl Publisher {
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| Error::Config("publisher closed".into()))?;
+            .map_err(|_| closed())?;
+        // Closed while this waited for a slot.
+        if shared.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
         shared.counters.sent.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let (reply, rx) = oneshot::channel();
@@ -252,7 +290,11 @@ impl Publisher {
             deadline: started + shared.cfg.confirm_timeout,
             blocks_before: None,
         });
-        Ok(PendingConfirm { rx })
+        Ok(PendingConfirm {
+            rx,
+            #[cfg(feature = "otel")]
+            span,
+        })
     }
 
     /// Publishes every envelope with the window kept full; yields `(index, result)` in
@@ -286,16 +328,21 @@ impl Publisher {
             timed_out: c.timed_out.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             confirm_latency_total: Duration::from_micros(c.latency_micros.load(Ordering::Relaxed)),
+            unconfirmed: c.unconfirmed.load(Ordering::Relaxed),
         }
     }
 
-    /// Publishes in flight right now.
+    /// Publishes in flight right now: window slots taken, by publishes waiting to be
+    /// written or awaiting their confirm ([`PublisherStats::unconfirmed`] counts only the
+    /// latter).
     pub fn in_flight(&self) -> usize {
         self.inner.shared.cfg.max_in_flight - self.inner.permits.available_permits()
     }
 
-    /// Waits for in-flight publishes (up to `deadline`), then closes the connection.
+    /// Refuses new publishes from now on ([`Error::Closed`], on every clone), waits for
+    /// in-flight publishes (up to `deadline`), then closes the connection for good.
     pub async fn close(&self, deadline: Duration) {
+        self.inner.shared.closed.store(true, Ordering::Release);
         let all = u32::try_from(self.inner.shared.cfg.max_in_flight).unwrap_or(u32::MAX);
         let _ = tokio::time::timeout(deadline, self.inner.permits.acquire_many(all)).await;
         self.inner.shared.connector.close().await;
@@ -373,18 +420,26 @@ impl Shared {
 #[must_use = "the outcome says whether the broker took the message"]
 pub struct PendingConfirm {
     rx: oneshot::Receiver<PublishOutcome>,
+    /// The publish's `send` span, closed with this future.
+    #[cfg(feature = "otel")]
+    span: tracing::Span,
 }
 
 impl Future for PendingConfirm {
     type Output = PublishOutcome;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PublishOutcome> {
-        Pin::new(&mut self.rx).poll(cx).map(|r| {
+        let outcome = Pin::new(&mut self.rx).poll(cx).map(|r| {
             r.unwrap_or_else(|_| {
                 PublishOutcome::Failed(Error::Amqp(
                     "publisher task ended (runtime shut down)".into(),
                 ))
             })
-        })
+        });
+        #[cfg(feature = "otel")]
+        if let Poll::Ready(o) = &outcome {
+            crate::observe::otel::sent(&self.span, o);
+        }
+        outcome
     }
 }

@@ -33,7 +33,7 @@
 //! let s = kit.run(TestDelivery::json(&serde_json::json!({ "id": 0 }))?).await;
 //! assert!(s.is_retry_after(Duration::from_secs(5)), "{s}");
 //! assert_eq!(s.next_attempt(), Some(2));
-//! assert_eq!(s.copy().map(|c| c.routing_key()), Some("orders.retry.5s"));
+//! assert_eq!(s.copy().map(|c| c.routing_key()), Some("orders.delay.5s"));
 //! # Ok(()) }
 //! ```
 
@@ -58,7 +58,7 @@ use crate::handler::Handler;
 use crate::manual::SettleSink;
 use crate::outcome::Outcome;
 use crate::policy::AckPolicy;
-use crate::run::Runner;
+use crate::run::{Link, LinkedSink, Runner};
 use crate::settle::SettleReport;
 use crate::stats::Counters;
 use crate::subscriber::{BoxDeliveryService, IntoSubscriber, Subscriber};
@@ -163,12 +163,13 @@ impl TestKit {
             .extensions(Arc::new(state));
         let sink = Arc::new(RecordingSink {
             spec: self.spec.clone(),
+            link: Link::default(),
             recorded: Mutex::new(None),
         });
         let handle_sink = sink.clone();
-        let (d, settle) = runner.delivery(builder, move || handle_sink as Arc<dyn SettleSink>);
+        let (d, manual) = runner.delivery(builder, move || handle_sink);
         let outcome = runner.run(&d).await;
-        let decision = runner.conclude(&d, Some(outcome), settle.as_ref());
+        let decision = runner.conclude(&d, Some(outcome), manual.as_ref());
         let recorded = sink
             .recorded
             .lock()
@@ -193,15 +194,24 @@ impl TestKit {
 /// carry out, and answers as if the broker confirmed it.
 struct RecordingSink {
     spec: Arc<SettleSpec>,
+    link: Link,
     recorded: Mutex<Option<Decision>>,
+}
+
+impl LinkedSink for RecordingSink {
+    fn link(&self) -> &Link {
+        &self.link
+    }
 }
 
 impl SettleSink for RecordingSink {
     fn settle(
         &self,
-        delivery: Delivery,
         outcome: Outcome,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = SettleReport> + Send + '_>> {
+        let Some(delivery) = self.link.get() else {
+            return Box::pin(std::future::ready(SettleReport::Nothing));
+        };
         let decision = decide::auto(&self.spec, &delivery, outcome);
         let report = match &decision {
             Decision::Ack => SettleReport::Acked,

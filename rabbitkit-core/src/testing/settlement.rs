@@ -174,7 +174,7 @@ impl Settlement {
     }
 }
 
-/// One line for assertion messages: `retry to orders.retry/orders.retry.5s (attempt 2):
+/// One line for assertion messages: `retry to orders.retry/orders.delay.5s (attempt 2):
 /// error: db down`.
 impl fmt::Display for Settlement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -56,7 +56,7 @@ async fn transient_error_retries_through_the_first_tier_with_evidence() {
     assert_eq!(s.next_attempt(), Some(2));
     let copy = s.copy().unwrap_or_else(|| panic!("no copy: {s}"));
     assert_eq!(copy.exchange_name(), "orders.retry");
-    assert_eq!(copy.routing_key(), "orders.retry.5s");
+    assert_eq!(copy.routing_key(), "orders.delay.5s");
     assert_eq!(copy.body().as_ref(), br#"{"id":1}"#);
     assert_eq!(s.header_int(headers::ATTEMPT), Some(2));
     assert_eq!(
@@ -95,7 +95,7 @@ async fn x_death_expiries_count_as_attempts_where_the_broker_counts() {
     // 3.10 keeps counting x-death across republishes: two expiries out of this queue's tiers
     // make this attempt 3 even without the own header.
     let s = TestKit::new(orders())
-        .run(json(1).x_death("orders.retry.5s", "expired", 2))
+        .run(json(1).x_death("orders.delay.5s", "expired", 2))
         .await;
     assert!(s.is_parked_with(ParkReason::MaxAttempts), "{s}");
 }

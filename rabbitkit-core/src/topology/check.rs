@@ -216,7 +216,7 @@ impl Topology {
                 arguments: FieldTable::default(),
             });
             for t in super::retry_dedup(&self.tiers) {
-                let name = crate::retry::tier_queue(&self.queue, t);
+                let name = self.tier_queue(t);
                 out.push(Object {
                     what: format!("retry tier {name:?}"),
                     name,

@@ -4,12 +4,21 @@
 //! For work queue `orders` bound to exchange `shop`:
 //!
 //! ```text
-//!  shop ──(bindings)──▶ orders ──(handler fails: confirmed copy)──▶ orders.retry ──▶ orders.retry.5s
+//!  shop ──(bindings)──▶ orders ──(handler fails: confirmed copy)──▶ orders.retry ──▶ orders.delay.5s
 //!                        ▲   │                                         (direct)        │ x-message-ttl
-//!                        │   └──(broker dead-letters: reject,                          │
-//!                        │       quorum delivery-limit)──▶ orders.parking              │
+//!                        │   └──(broker dead-letters: reject,                          │ (quorum,
+//!                        │       quorum delivery-limit)──▶ orders.parking              │ at-least-once)
 //!                        └──────────────── expired: x-dead-letter to "" / orders ◀─────┘
 //! ```
+//!
+//! Delay tiers are quorum queues dead-lettering **at-least-once**
+//! (`x-dead-letter-strategy = at-least-once`, `x-overflow = reject-publish`): a copy that
+//! expires while the work queue cannot take it (a quorum work queue without a leader after a
+//! restart, no majority, a length limit) stays in the tier and is dead-lettered again
+//! later. Dead-lettering out of a classic queue is at-most-once, and such copies are
+//! dropped; classic tiers (`{q}.retry.{delay}`) are an opt-in ([`Topology::tier_queue_type`])
+//! and the shape of earlier releases, which [`Topology::migrate_tiers`] moves into quorum
+//! tiers (`{q}.delay.{delay}`).
 
 use std::time::Duration;
 
@@ -19,6 +28,8 @@ use lapin::{Channel, ExchangeKind};
 use serde::Deserialize;
 
 mod check;
+mod migrate;
+mod prune;
 
 use crate::error::{Error, Result};
 use crate::headers;
@@ -26,8 +37,10 @@ use crate::names;
 use crate::retry;
 
 pub use check::{CheckedObject, ObjectState, TopologyReport};
+pub use migrate::{LegacyTier, MigratedTier, TierMigration, TierMigrationReport};
+pub use prune::{PruneOutcome, delete_if_empty, unused_tiers};
 
-/// Classic or quorum work queue.
+/// Classic or quorum: the type of a work queue, or of the delay tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum QueueType {
@@ -72,6 +85,12 @@ pub struct Topology {
     pub exchange_kind: String,
     /// Retry delays (one TTL queue each).
     pub tiers: Vec<Duration>,
+    /// The type of the delay tiers: quorum by default (`{q}.delay.{delay}`, at-least-once
+    /// dead-lettering into the work queue). Classic (`{q}.retry.{delay}`) is an opt-in:
+    /// dead-lettering out of a classic queue is at-most-once, so a copy expiring while the
+    /// work queue cannot take it (a quorum work queue electing its leader after a restart,
+    /// no majority, a length limit) is dropped by the broker after the original was acked.
+    pub tier_queue_type: QueueType,
     /// Quorum only: broker-side delivery limit (requeues) before the broker dead-letters to
     /// parking. RabbitMQ 4.x defaults to 20 and drops past it when no target is set.
     pub delivery_limit: u32,
@@ -88,6 +107,7 @@ impl Topology {
             bindings: Vec::new(),
             exchange_kind: "topic".into(),
             tiers: Vec::new(),
+            tier_queue_type: QueueType::Quorum,
             delivery_limit: 20,
             queue_arguments: FieldTable::default(),
         }
@@ -105,10 +125,12 @@ impl Topology {
 
     /// The tier queue names.
     pub fn tier_queues(&self) -> Vec<String> {
-        self.tiers
-            .iter()
-            .map(|t| retry::tier_queue(&self.queue, *t))
-            .collect()
+        self.tiers.iter().map(|t| self.tier_queue(*t)).collect()
+    }
+
+    /// The tier queue name for `delay`, of this topology's tier type.
+    pub fn tier_queue(&self, delay: Duration) -> String {
+        retry::tier_queue_of(&self.queue, delay, self.tier_queue_type)
     }
 
     /// The work queue's arguments: rabbitkit's, then the user's on top.
@@ -135,13 +157,7 @@ impl Topology {
     }
 
     fn tier_arguments(&self, delay: Duration) -> FieldTable {
-        let mut a = FieldTable::default();
-        // LongInt: AMQPValue::from(u64) is a Timestamp and the broker refuses it (406).
-        let ms = i32::try_from(delay.as_millis()).unwrap_or(i32::MAX);
-        a.insert("x-message-ttl".into(), AMQPValue::LongInt(ms));
-        a.insert("x-dead-letter-exchange".into(), ls(""));
-        a.insert("x-dead-letter-routing-key".into(), ls(&self.queue));
-        a
+        tier_arguments(&self.queue, delay, self.tier_queue_type)
     }
 
     /// Refuses topologies that would lose messages or break on the wire, before anything is
@@ -170,6 +186,7 @@ impl Topology {
             ));
         }
         exchange_kind(&self.exchange_kind)?;
+        self.check_removed_arguments()?;
         let args = self.work_arguments();
         let arg = |k: &str| args.inner().get(k);
         let dlx = arg("x-dead-letter-exchange").and_then(headers::string);
@@ -226,6 +243,37 @@ impl Topology {
         Ok(())
     }
 
+    /// Classic queue v1 is gone in RabbitMQ 4.3: a declare carrying `x-queue-mode` (lazy
+    /// mode, ignored since 3.12) or `x-queue-version = 1` fails there with 406. Refused on
+    /// every version so that a topology that starts on 3.10 or 4.0 also starts on 4.3.
+    fn check_removed_arguments(&self) -> Result<()> {
+        let refuse = |argument: &str, reason: &str| Error::QueueArgument {
+            queue: self.queue.clone(),
+            argument: argument.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let args = self.queue_arguments.inner();
+        if args.contains_key("x-queue-mode") {
+            return Err(refuse(
+                "x-queue-mode",
+                "lazy mode was removed with classic queue v1 (ignored since RabbitMQ 3.12, \
+                 refused by 4.3); drop the argument",
+            ));
+        }
+        if let Some(v) = args
+            .get("x-queue-version")
+            .filter(|v| headers::int(v) != Some(2))
+        {
+            return Err(refuse(
+                "x-queue-version",
+                &format!(
+                    "only 2 is accepted (classic queue v1 was removed in RabbitMQ 4.3), got {v:?}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Declares everything on `channel` (or only checks it, in `Validate` mode).
     pub async fn apply(&self, channel: &Channel, mode: TopologyMode) -> Result<()> {
         self.validate()?;
@@ -260,11 +308,6 @@ impl Topology {
                 .await
                 .map_err(|e| declare_err(format!("exchange {:?}", b.exchange), e))?;
         }
-        let parking = self.parking_queue();
-        channel
-            .queue_declare(parking.as_str().into(), qopts, FieldTable::default())
-            .await
-            .map_err(|e| declare_err(format!("parking queue {parking:?}"), e))?;
         let work_args = if passive {
             FieldTable::default()
         } else {
@@ -286,7 +329,7 @@ impl Topology {
                 .await
                 .map_err(|e| declare_err(format!("retry exchange {rx:?}"), e))?;
             for t in retry_dedup(&self.tiers) {
-                let name = retry::tier_queue(&self.queue, t);
+                let name = self.tier_queue(t);
                 let args = if passive {
                     FieldTable::default()
                 } else {
@@ -329,8 +372,80 @@ impl Topology {
                     })?;
             }
         }
-        Ok(())
+        // Last: a parking queue that exists but is unavailable (a classic queue whose node
+        // is down) closes the channel with 404 once everything else is declared, and is
+        // told apart so the worker can consume anyway.
+        // RabbitMQ 4.x answers only after its own timeout (75 s measured on 4.3.6): bounded
+        // here, the channel is then given up (the caller opens another).
+        let parking = self.parking_queue();
+        let declare = channel.queue_declare(parking.as_str().into(), qopts, FieldTable::default());
+        let answer = if passive {
+            Ok(declare.await)
+        } else {
+            tokio::time::timeout(PARKING_DECLARE_TIMEOUT, declare).await
+        };
+        match answer {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if !passive && is_not_found(&e) => Err(Error::ParkingUnavailable {
+                queue: parking,
+                source: Box::new(e),
+            }),
+            Ok(Err(e)) => Err(declare_err(format!("parking queue {parking:?}"), e)),
+            Err(_) => Err(Error::ParkingUnavailable {
+                source: format!(
+                    "no answer to its declaration within {}",
+                    humantime::format_duration(PARKING_DECLARE_TIMEOUT)
+                )
+                .into(),
+                queue: parking,
+            }),
+        }
     }
+}
+
+/// How long the parking queue's declaration may take before the queue is taken for
+/// unavailable (a classic queue whose node is down).
+const PARKING_DECLARE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The log line of a worker that consumes while its parking queue is unavailable.
+pub(crate) fn warn_parking_unavailable(queue: &str, e: &Error) {
+    tracing::warn!(
+        queue,
+        error = %e,
+        "the parking queue is unavailable (its node is down?); consuming anyway: the broker nacks parking copies until it is back and their originals are requeued"
+    );
+}
+
+/// A 404 NOT_FOUND from the broker: on a non-passive declare of a durable queue, the queue
+/// exists and is unavailable.
+fn is_not_found(e: &lapin::Error) -> bool {
+    use lapin::ErrorKind;
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        e.kind(),
+        ErrorKind::ProtocolError(err) if matches!(err.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
+}
+
+/// The arguments of the tier of `work_queue` for `delay`.
+fn tier_arguments(work_queue: &str, delay: Duration, tier_type: QueueType) -> FieldTable {
+    let mut a = FieldTable::default();
+    // LongInt: AMQPValue::from(u64) is a Timestamp and the broker refuses it (406).
+    let ms = i32::try_from(delay.as_millis()).unwrap_or(i32::MAX);
+    a.insert("x-message-ttl".into(), AMQPValue::LongInt(ms));
+    a.insert("x-dead-letter-exchange".into(), ls(""));
+    a.insert("x-dead-letter-routing-key".into(), ls(work_queue));
+    if tier_type == QueueType::Quorum {
+        a.insert("x-queue-type".into(), ls("quorum"));
+        // At-least-once dead-lettering (RabbitMQ 3.10+): the tier keeps an expired copy
+        // until the work queue has confirmed it, and retries when it could not. The broker
+        // falls back to at-most-once unless the overflow is reject-publish. No
+        // x-delivery-limit: a tier has no consumers, so 4.x's default limit of 20 never
+        // applies to it (nothing is ever delivered from a tier).
+        a.insert("x-dead-letter-strategy".into(), ls("at-least-once"));
+        a.insert("x-overflow".into(), ls("reject-publish"));
+    }
+    a
 }
 
 fn retry_dedup(t: &[Duration]) -> Vec<Duration> {
@@ -376,6 +491,32 @@ mod tests {
     }
 
     #[test]
+    fn classic_queue_v1_arguments_are_refused_naming_the_argument() {
+        for (k, v) in [
+            ("x-queue-mode", ls("lazy")),
+            ("x-queue-mode", ls("default")),
+            ("x-queue-version", AMQPValue::LongInt(1)),
+            ("x-queue-version", AMQPValue::ShortShortUInt(1)),
+            ("x-queue-version", ls("2")),
+        ] {
+            let mut t = topo();
+            t.queue_arguments.insert(k.into(), v.clone());
+            match t.validate() {
+                Err(Error::QueueArgument {
+                    queue, argument, ..
+                }) => {
+                    assert_eq!((queue.as_str(), argument.as_str()), ("orders", k), "{v:?}");
+                }
+                other => panic!("{k} = {v:?}: expected QueueArgument, got {other:?}"),
+            }
+        }
+        let mut t = topo();
+        t.queue_arguments
+            .insert("x-queue-version".into(), AMQPValue::LongInt(2));
+        assert!(t.validate().is_ok());
+    }
+
+    #[test]
     fn default_topologies_are_accepted() {
         assert!(topo().validate().is_ok());
         let mut q = topo();
@@ -390,7 +531,7 @@ mod tests {
         q.queue_arguments
             .insert("x-dead-letter-exchange".into(), ls("orders.retry"));
         q.queue_arguments
-            .insert("x-dead-letter-routing-key".into(), ls("orders.retry.5s"));
+            .insert("x-dead-letter-routing-key".into(), ls("orders.delay.5s"));
         let err = q
             .validate()
             .err()
@@ -403,7 +544,7 @@ mod tests {
     fn ttl_dead_lettering_into_itself_is_refused_but_rejection_only_is_fine() {
         let mut t = topo();
         t.queue_arguments
-            .insert("x-dead-letter-routing-key".into(), ls("orders.retry.30s"));
+            .insert("x-dead-letter-routing-key".into(), ls("orders.delay.30s"));
         // Classic queue without TTL or max-length: only rejections dead-letter, which the
         // broker lets cycle.
         assert!(t.validate().is_ok());
@@ -435,6 +576,41 @@ mod tests {
         );
         let mut t = topo();
         t.exchange_kind = "x-weird".into();
+        assert!(t.validate().is_err());
+    }
+
+    #[test]
+    fn tiers_are_quorum_with_at_least_once_dead_lettering_by_default() {
+        let t = topo();
+        assert_eq!(t.tier_queue_type, QueueType::Quorum);
+        assert_eq!(t.tier_queues(), ["orders.delay.5s", "orders.delay.30s"]);
+        let a = t.tier_arguments(Duration::from_secs(5));
+        let get = |k: &str| a.inner().get(k).and_then(headers::string);
+        assert_eq!(get("x-queue-type").as_deref(), Some("quorum"));
+        assert_eq!(
+            get("x-dead-letter-strategy").as_deref(),
+            Some("at-least-once")
+        );
+        assert_eq!(get("x-overflow").as_deref(), Some("reject-publish"));
+        assert_eq!(get("x-dead-letter-routing-key").as_deref(), Some("orders"));
+        assert!(!a.inner().contains_key("x-delivery-limit"));
+    }
+
+    #[test]
+    fn classic_tiers_are_an_opt_in_with_their_own_names() {
+        let mut t = topo();
+        t.tier_queue_type = QueueType::Classic;
+        assert_eq!(t.tier_queues(), ["orders.retry.5s", "orders.retry.30s"]);
+        let a = t.tier_arguments(Duration::from_secs(5));
+        assert!(!a.inner().contains_key("x-queue-type"));
+        assert!(!a.inner().contains_key("x-dead-letter-strategy"));
+        assert!(t.validate().is_ok());
+        // The classic names stay refused as a dead-letter target when they cycle.
+        t.queue_type = QueueType::Quorum;
+        t.queue_arguments
+            .insert("x-dead-letter-exchange".into(), ls("orders.retry"));
+        t.queue_arguments
+            .insert("x-dead-letter-routing-key".into(), ls("orders.retry.5s"));
         assert!(t.validate().is_err());
     }
 

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Consumer};
 use tokio::sync::{Semaphore, watch};
 
 use super::process::Pipeline;
+use crate::coalesce::{AckCoalescing, ChannelAcks};
 use crate::connection::{Connector, backoff};
 use crate::delivery::Extensions;
 use crate::error::{Error, Result};
@@ -23,6 +24,27 @@ use crate::topology::Topology;
 
 static CONSUMER_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// What every subscriber task of one worker shares.
+pub(super) struct WorkerParts {
+    pub(super) connector: Arc<Connector>,
+    pub(super) publisher: Publisher,
+    /// Flips when shutdown starts: stop consuming.
+    pub(super) stop: watch::Receiver<bool>,
+    /// Flips at the shutdown deadline: cut in-flight handlers.
+    pub(super) hard_stop: watch::Receiver<bool>,
+    pub(super) deadline: Duration,
+    /// How `process` spans relate to the producer's trace context.
+    pub(super) trace_context: crate::observe::TraceContext,
+}
+
+/// One subscriber's own parts: the subscriber, its state, counters and readiness flag.
+pub(super) struct SubscriberParts {
+    pub(super) subscriber: Subscriber,
+    pub(super) extensions: Arc<Extensions>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) ready: Arc<AtomicBool>,
+}
+
 pub(super) struct SubscriberTask {
     pipeline: Arc<Pipeline>,
     topology: Topology,
@@ -33,21 +55,34 @@ pub(super) struct SubscriberTask {
     ready: Arc<AtomicBool>,
     stop: watch::Receiver<bool>,
     deadline: Duration,
+    consumer_timeout: Option<Duration>,
+    /// Ack coalescing: one ledger per consume channel.
+    coalescing: Option<AckCoalescing>,
+}
+
+/// A consumer the broker cancels this soon after it subscribed counts as a failed
+/// subscription, so a queue that keeps disappearing gets a backoff, not a tight loop.
+const QUICK_CANCEL: Duration = Duration::from_secs(1);
+
+/// Why a consume loop on one channel ended.
+enum End {
+    /// The worker is stopping.
+    Stop,
+    /// The channel or connection is gone.
+    ChannelLost,
+    /// The broker cancelled the consumer; the channel is still open.
+    Cancelled,
 }
 
 impl SubscriberTask {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        s: Subscriber,
-        extensions: Arc<Extensions>,
-        connector: Arc<Connector>,
-        publisher: Publisher,
-        counters: Arc<Counters>,
-        ready: Arc<AtomicBool>,
-        stop: watch::Receiver<bool>,
-        hard_stop: watch::Receiver<bool>,
-        deadline: Duration,
-    ) -> Self {
+    pub(super) fn new(own: SubscriberParts, worker: &WorkerParts) -> Self {
+        let SubscriberParts {
+            subscriber: s,
+            extensions,
+            counters,
+            ready,
+        } = own;
+        let hard_stop = worker.hard_stop.clone();
         let spec = Arc::new(s.settle_spec());
         let topology = s.full_topology();
         let pipeline = Arc::new(Pipeline {
@@ -57,9 +92,24 @@ impl SubscriberTask {
                 deadline: s.deadline,
                 counters: counters.clone(),
             },
-            settler: Arc::new(Settler::new(publisher, counters, hard_stop.clone())),
+            settler: Arc::new({
+                let settler = Settler::new(worker.publisher.clone(), counters, hard_stop.clone());
+                if s.mode == crate::topology::TopologyMode::Declare {
+                    settler.with_redeclare(crate::settle::Redeclare::new(
+                        worker.connector.clone(),
+                        topology.clone(),
+                    ))
+                } else {
+                    settler
+                }
+            }),
             extensions,
             hard_stop,
+            spans: crate::observe::span::SpanInfo::new(
+                &s.topology.queue,
+                worker.connector.config().validate().ok().as_ref(),
+                worker.trace_context,
+            ),
         });
         Self {
             pipeline,
@@ -67,10 +117,12 @@ impl SubscriberTask {
             mode: s.mode,
             prefetch: s.prefetch,
             concurrency: s.concurrency.min(usize::from(s.prefetch)),
-            connector,
+            consumer_timeout: s.consumer_timeout,
+            coalescing: s.ack_coalescing,
+            connector: worker.connector.clone(),
             ready,
-            stop,
-            deadline,
+            stop: worker.stop.clone(),
+            deadline: worker.deadline,
         }
     }
 
@@ -79,11 +131,16 @@ impl SubscriberTask {
         let mut failures = 0u32;
         let queue = self.topology.queue.clone();
         while !*self.stop.borrow() {
-            let (channel, mut consumer) = match self.open().await {
-                Ok(c) => {
-                    failures = 0;
-                    c
-                }
+            // A broker that is down must not hold a shutdown for the connect timeout.
+            let mut stop = self.stop.clone();
+            let opened = tokio::select! {
+                o = self.open() => o,
+                _ = stop.changed() => break,
+            };
+            // `failures` is reset by how the subscription ends (a consumer the broker
+            // cancels at once keeps counting), not by the open itself.
+            let (node, channel, mut consumer) = match opened {
+                Ok(c) => c,
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     let pause = backoff(failures, self.connector.config().max_backoff);
@@ -95,51 +152,126 @@ impl SubscriberTask {
                     continue;
                 }
             };
+            // Tags are per channel: a new channel gets a new ledger, so no ack ever crosses
+            // to a replacement channel.
+            let acks = self
+                .coalescing
+                .map(|c| ChannelAcks::start(c, self.pipeline.runner.counters.clone()));
             self.ready.store(true, Ordering::Release);
-            tracing::info!(%queue, prefetch = self.prefetch, concurrency = self.concurrency, "consuming");
-            let stopped = loop {
+            tracing::info!(%queue, %node, prefetch = self.prefetch, concurrency = self.concurrency, "consuming");
+            let subscribed = tokio::time::Instant::now();
+            // Every handler of this channel holds a clone; `recv` returns None once they
+            // have all settled (the channel's delivery tags are only ever used on it).
+            let (in_flight, mut settled) = tokio::sync::mpsc::channel::<()>(1);
+            let end = loop {
                 let permit = tokio::select! {
-                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break true },
-                    _ = self.stop.changed() => break true,
+                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break End::Stop },
+                    _ = self.stop.changed() => break End::Stop,
                 };
                 let item = tokio::select! {
                     item = consumer.next() => item,
-                    _ = self.stop.changed() => break true,
+                    _ = self.stop.changed() => break End::Stop,
                 };
                 match item {
                     Some(Ok(delivery)) => {
                         let p = self.pipeline.clone();
+                        let token = in_flight.clone();
+                        // Registered in tag order, before any pipeline can settle it.
+                        let ledger = acks.as_ref().map(|a| {
+                            a.ledger().register(delivery.delivery_tag);
+                            a.ledger().clone()
+                        });
                         tokio::spawn(async move {
-                            p.process(delivery).await;
+                            p.process(delivery, ledger).await;
                             drop(permit);
+                            drop(token);
                         });
                     }
                     Some(Err(e)) => {
-                        tracing::warn!(%queue, error = %e, "consumer failed; rebuilding the channel");
-                        break false;
+                        tracing::warn!(%queue, %node, error = %e, "consumer failed; rebuilding the channel");
+                        break End::ChannelLost;
                     }
-                    None => {
-                        tracing::warn!(%queue, "consumer cancelled by the broker; rebuilding");
-                        break false;
-                    }
+                    None => break End::Cancelled,
                 }
             };
+            drop(in_flight);
             self.ready.store(false, Ordering::Release);
-            if stopped {
-                // Stop the flow first, then let in-flight handlers finish and settle on
-                // this (still open) channel. Buffered, unstarted deliveries are requeued by
-                // the broker when the channel closes.
-                let _ = channel
-                    .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-                    .await;
-                self.drain(&permits).await;
-                let _ = channel.close(200, "rabbitkit shutdown".into()).await;
-                return;
+            match end {
+                End::Stop => {
+                    // Stop the flow first, then let in-flight handlers finish and settle on
+                    // this (still open) channel. Buffered, unstarted deliveries are requeued
+                    // by the broker when the channel closes.
+                    let _ = channel
+                        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                        .await;
+                    self.drain(&permits).await;
+                    // Held acks are written before the close, or the broker would
+                    // redeliver work that was done.
+                    if let Some(acks) = acks {
+                        acks.finish().await;
+                    }
+                    let _ = channel.close(200, "rabbitkit shutdown".into()).await;
+                    return;
+                }
+                End::ChannelLost => {
+                    // In-flight handlers of the dead channel find their ackers poisoned
+                    // and count it; their deliveries come back from the broker. So do the
+                    // held acks (counted `ack_lost` by the flush that finds the channel gone).
+                    if let Some(acks) = acks {
+                        acks.finish().await;
+                    }
+                    drop(consumer);
+                    drop(channel);
+                    // A channel that dies right after each subscribe must not loop hot.
+                    if subscribed.elapsed() >= QUICK_CANCEL {
+                        failures = 0;
+                    } else {
+                        failures = failures.saturating_add(1);
+                        let pause = backoff(failures, self.connector.config().max_backoff);
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = self.stop.changed() => {}
+                        }
+                    }
+                }
+                End::Cancelled => {
+                    // basic.cancel from the broker (queue deleted, 4.3 quorum consumer
+                    // timeout): the channel is still open and its in-flight deliveries can
+                    // still be settled on it (4.3 accepts the ack of a timed-out delivery).
+                    // Keep it until they have, then close it; the new consumer gets a new
+                    // channel, so no tag crosses channels.
+                    let quick = subscribed.elapsed() < QUICK_CANCEL;
+                    tracing::warn!(%queue, %node, consumer_tag = %consumer.tag(), "consumer cancelled by the broker; subscribing again");
+                    drop(consumer);
+                    // As long as a shutdown drain would wait for them.
+                    let bound = self
+                        .deadline
+                        .saturating_add(self.pipeline.settler.publisher.config().confirm_timeout)
+                        .saturating_add(Duration::from_secs(5));
+                    let q = queue.clone();
+                    tokio::spawn(async move {
+                        if tokio::time::timeout(bound, settled.recv()).await.is_err() {
+                            tracing::warn!(queue = %q, "handlers of a cancelled consumer did not settle in time; closing its channel (the broker requeues them)");
+                        }
+                        if let Some(acks) = acks {
+                            acks.finish().await;
+                        }
+                        let _ = channel
+                            .close(200, "consumer cancelled by the broker".into())
+                            .await;
+                    });
+                    if !quick {
+                        failures = 0;
+                    } else {
+                        failures = failures.saturating_add(1);
+                        let pause = backoff(failures, self.connector.config().max_backoff);
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = self.stop.changed() => {}
+                        }
+                    }
+                }
             }
-            // In-flight handlers of the dead channel will find their ackers poisoned and
-            // count it; their deliveries come back from the broker.
-            drop(consumer);
-            drop(channel);
         }
         self.drain(&permits).await;
     }
@@ -147,8 +279,12 @@ impl SubscriberTask {
     async fn drain(&self, permits: &Arc<Semaphore>) {
         let all = u32::try_from(self.concurrency).unwrap_or(u32::MAX);
         // The worker's timer flips hard_stop at the deadline; stragglers then requeue
-        // themselves. The extra bound covers a handler stuck in a settle.
-        let bound = self.deadline + Duration::from_secs(15);
+        // themselves. A copy already sent by then still gets its verdict, within the
+        // publisher's confirm timeout, and its original is settled on this open channel.
+        let bound = self
+            .deadline
+            .saturating_add(self.pipeline.settler.publisher.config().confirm_timeout)
+            .saturating_add(Duration::from_secs(5));
         if tokio::time::timeout(bound, permits.acquire_many(all))
             .await
             .is_err()
@@ -157,11 +293,21 @@ impl SubscriberTask {
         }
     }
 
-    async fn open(&self) -> Result<(Channel, Consumer)> {
+    /// Connects (to the next reachable node after a loss), opens a channel, declares,
+    /// applies QoS and consumes. Returns the node's `host:port` for logs.
+    async fn open(&self) -> Result<(Arc<str>, Channel, Consumer)> {
         let conn = self.connector.get(Duration::from_secs(30)).await?;
-        let channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
+        let mut channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
         // Re-declared on every (re)connect: recovery is ours, not lapin's.
-        self.topology.apply(&channel, self.mode).await?;
+        match self.topology.apply(&channel, self.mode).await {
+            Ok(()) => {}
+            Err(e @ Error::ParkingUnavailable { .. }) => {
+                // Everything else is declared; the 404 closed the channel.
+                crate::topology::warn_parking_unavailable(&self.topology.queue, &e);
+                channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
+            }
+            Err(e) => return Err(e),
+        }
         channel
             .basic_qos(self.prefetch, BasicQosOptions { global: false })
             .await
@@ -173,15 +319,20 @@ impl SubscriberTask {
             CONSUMER_SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let tag = crate::names::truncate(&tag, 255).to_owned();
+        let mut args = FieldTable::default();
+        if let Some(t) = self.consumer_timeout {
+            let ms = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+            args.insert("x-consumer-timeout".into(), AMQPValue::LongLongInt(ms));
+        }
         let consumer = channel
             .basic_consume(
                 self.topology.queue.as_str().into(),
                 tag.as_str().into(),
                 BasicConsumeOptions::default(),
-                FieldTable::default(),
+                args,
             )
             .await
             .map_err(Error::amqp)?;
-        Ok((channel, consumer))
+        Ok((conn.node.clone(), channel, consumer))
     }
 }

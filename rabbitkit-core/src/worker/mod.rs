@@ -48,6 +48,8 @@ pub struct Worker {
     extensions: Extensions,
     #[cfg(feature = "http")]
     pub(crate) http: Option<std::net::SocketAddr>,
+    pub(crate) parking_depth: Option<Duration>,
+    trace_context: crate::observe::TraceContext,
 }
 
 impl Worker {
@@ -61,7 +63,25 @@ impl Worker {
             extensions: Extensions::default(),
             #[cfg(feature = "http")]
             http: None,
+            parking_depth: None,
+            trace_context: crate::observe::TraceContext::default(),
         }
+    }
+
+    /// Polls the depth of every subscriber's parking queue each `every` (a passive declare
+    /// on the consuming connection) into the `rabbitkit_parking_depth` gauge. Off by
+    /// default; at least 1 s (the broker answers each poll).
+    pub fn parking_depth_interval(mut self, every: Duration) -> Self {
+        self.parking_depth = Some(every);
+        self
+    }
+
+    /// How each `process` span relates to the producer's trace context: a link (the
+    /// default, per the OpenTelemetry messaging conventions) or a parent. Read by the
+    /// `otel` feature's spans.
+    pub fn trace_context(mut self, how: crate::observe::TraceContext) -> Self {
+        self.trace_context = how;
+        self
     }
 
     /// Adds a subscriber.
@@ -77,6 +97,7 @@ impl Worker {
     }
 
     /// How long in-flight handlers may run after shutdown starts; stragglers are requeued.
+    /// `Duration::MAX` waits for them however long they take.
     pub fn shutdown_deadline(mut self, d: Duration) -> Self {
         self.shutdown_deadline = d;
         self
@@ -98,6 +119,12 @@ impl Worker {
         self
     }
 
+    /// Starts and runs until SIGINT or SIGTERM ([`shutdown_signal`](crate::shutdown_signal)),
+    /// then shuts down gracefully: what systemd and Kubernetes expect.
+    pub async fn run_until_signal(self) -> Result<WorkerReport> {
+        self.run_until(crate::signal::shutdown_signal()).await
+    }
+
     /// Starts and runs until `signal` completes, then shuts down gracefully.
     pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<WorkerReport> {
         let handle = self.start().await?;
@@ -105,10 +132,11 @@ impl Worker {
         Ok(handle.shutdown().await)
     }
 
-    /// Validates, connects, declares every topology, starts consuming; returns a handle.
-    /// Errors here (bad topology, broker unreachable, inequivalent queue arguments) stop
-    /// the start: nothing is consumed.
-    pub async fn start(self) -> Result<WorkerHandle> {
+    /// Checks what can be checked without a broker: at least one subscriber, unique
+    /// subscriber names, and each subscriber's names, retry policy and topology
+    /// ([`Subscriber::validate`]). [`Worker::start`], [`Worker::check_topology`] and
+    /// [`from_config`] all run it.
+    pub fn validate(&self) -> Result<()> {
         if self.subscribers.is_empty() {
             return Err(Error::Config(
                 "a worker needs at least one subscriber".into(),
@@ -117,14 +145,33 @@ impl Worker {
         let mut names = std::collections::HashSet::new();
         for s in &self.subscribers {
             s.validate()?;
-            if !names.insert(s.name.clone()) {
+            s.check_settle()?;
+            if !names.insert(s.name.as_str()) {
                 return Err(Error::Config(format!(
                     "two subscribers are named {:?}",
                     s.name
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Validates, connects, declares every topology, starts consuming; returns a handle.
+    /// Errors here (bad topology, broker unreachable, inequivalent queue arguments) stop
+    /// the start: nothing is consumed.
+    pub async fn start(self) -> Result<WorkerHandle> {
+        self.validate()?;
+        // Only here: state may be added to a worker after `from_config` built it.
+        for s in &self.subscribers {
+            s.check_state(&self.extensions)?;
+        }
         let vhost = self.connection.validate()?.vhost;
+        if let Some(every) = self.parking_depth.filter(|e| *e < Duration::from_secs(1)) {
+            return Err(Error::Config(format!(
+                "parking-depth-interval must be at least 1s, got {}",
+                humantime::format_duration(every)
+            )));
+        }
         // Before anything takes metric handles: they bind to the recorder installed now.
         #[cfg(feature = "http")]
         let listener = match self.http {
@@ -134,25 +181,54 @@ impl Worker {
             }
             None => None,
         };
+        crate::stats::describe();
         let consumer = Arc::new(Connector::new(
             self.connection.clone(),
             "rabbitkit-consumer",
         )?);
         let publisher = Publisher::new(self.connection.clone(), self.publisher.clone())?;
         let wait = self.connection.connect_timeout;
-        let conn = consumer.get(wait).await?;
-        publisher.connect().await?;
+        // Both at once: with a silent node in the list each pays its connect-timeout.
+        let (conn, published) = tokio::join!(consumer.get(wait), publisher.connect());
+        let conn = conn?;
+        published?;
         for s in &self.subscribers {
             let ch = conn.conn.create_channel().await.map_err(Error::amqp)?;
-            s.full_topology().apply(&ch, s.mode).await?;
-            let _ = ch.close(200, "topology declared".into()).await;
+            let topology = s.full_topology();
+            match topology.apply(&ch, s.mode).await {
+                Ok(()) => {
+                    let _ = ch.close(200, "topology declared".into()).await;
+                }
+                Err(e @ Error::ParkingUnavailable { .. }) => {
+                    crate::topology::warn_parking_unavailable(&topology.queue, &e);
+                }
+                Err(e) => return Err(e),
+            }
+            // Classic tiers of an earlier release keep expiring into the work queue, but
+            // at-most-once: say so, with the command that moves them.
+            topology.warn_legacy_tiers(&conn.conn).await;
         }
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let (hard_tx, hard_rx) = watch::channel(false);
+        let (stop_tx, stop) = watch::channel(false);
+        let (hard_tx, hard_stop) = watch::channel(false);
+        let parts = consume::WorkerParts {
+            connector: consumer.clone(),
+            publisher: publisher.clone(),
+            stop,
+            hard_stop,
+            deadline: self.shutdown_deadline,
+            trace_context: self.trace_context,
+        };
         let mut tasks = Vec::new();
         let mut stats = HashMap::new();
         let mut ready = Vec::new();
+        let mut watched = Vec::new();
         for mut s in self.subscribers {
+            if self.parking_depth.is_some() {
+                watched.push(crate::observe::depth::Watched::new(
+                    &vhost,
+                    &s.topology.queue,
+                ));
+            }
             let counters = Arc::new(Counters::new(&Labels {
                 vhost: vhost.clone(),
                 queue: s.topology.queue.clone(),
@@ -163,19 +239,22 @@ impl Worker {
             let mut ext = self.extensions.clone();
             ext.insert(publisher.clone());
             ext.extend(std::mem::take(&mut s.extensions));
-            let sub = consume::SubscriberTask::new(
-                s,
-                Arc::new(ext),
-                consumer.clone(),
-                publisher.clone(),
+            let own = consume::SubscriberParts {
+                subscriber: s,
+                extensions: Arc::new(ext),
                 counters,
-                is_ready,
-                stop_rx.clone(),
-                hard_rx.clone(),
-                self.shutdown_deadline,
-            );
+                ready: is_ready,
+            };
+            let sub = consume::SubscriberTask::new(own, &parts);
             tasks.push(tokio::spawn(sub.run()));
         }
+        let depth = self.parking_depth.map(|every| {
+            tokio::spawn(crate::observe::depth::poll(
+                consumer.clone(),
+                watched,
+                every,
+            ))
+        });
         let readiness = Arc::new(Readiness {
             stopping: AtomicBool::new(false),
             consuming: ready,
@@ -183,19 +262,29 @@ impl Worker {
         #[cfg(feature = "http")]
         let endpoint = listener.map(|listener| {
             let r = readiness.clone();
-            crate::observe::Endpoint::serve(listener, Arc::new(move || r.is_ready()))
+            crate::observe::Endpoint::serve(
+                listener,
+                crate::observe::HttpEndpoints::new(Arc::new(move || r.is_ready())),
+            )
         });
+        let counters: Vec<Arc<Counters>> = stats.values().cloned().collect();
         Ok(WorkerHandle {
-            readiness,
-            #[cfg(feature = "http")]
-            endpoint,
-            stop: stop_tx,
-            hard: hard_tx,
-            tasks,
             stats,
-            publisher,
-            consumer,
-            deadline: self.shutdown_deadline,
+            publisher: publisher.clone(),
+            running: Some(Running {
+                readiness,
+                #[cfg(feature = "http")]
+                endpoint,
+                stop: stop_tx,
+                hard: hard_tx,
+                tasks,
+                publisher,
+                consumer,
+                deadline: self.shutdown_deadline,
+                depth,
+                counters,
+                done: false,
+            }),
         })
     }
 }
@@ -217,19 +306,42 @@ impl Readiness {
 }
 
 /// A running worker.
+///
+/// [`WorkerHandle::shutdown`] stops it gracefully. Dropping the handle (or the future of
+/// [`Worker::run_until`], or of `shutdown` itself) is a graceful shutdown with a zero
+/// deadline, carried out in the background on the runtime: consuming stops, in-flight
+/// handlers are cut and their deliveries requeued (a copy already sent gets its verdict
+/// first), then both connections close. Without a runtime left to run it, the connections
+/// die with the process and the broker requeues whatever was unacked.
 #[derive(Debug)]
 pub struct WorkerHandle {
+    stats: HashMap<String, Arc<Counters>>,
+    publisher: Publisher,
+    /// `None` once `shutdown` has taken it.
+    running: Option<Running>,
+}
+
+/// What stopping a worker needs. Dropped unfinished (the handle or a shutdown future
+/// dropped), it stops the worker with a zero deadline.
+#[derive(Debug)]
+struct Running {
     /// What `is_ready` and `/readyz` read.
     readiness: Arc<Readiness>,
     #[cfg(feature = "http")]
     endpoint: Option<crate::observe::Endpoint>,
     stop: watch::Sender<bool>,
     hard: watch::Sender<bool>,
+    /// Subscriber tasks not yet finished.
     tasks: Vec<JoinHandle<()>>,
-    stats: HashMap<String, Arc<Counters>>,
     publisher: Publisher,
     consumer: Arc<Connector>,
     deadline: Duration,
+    /// The parking-depth poller, when enabled.
+    depth: Option<JoinHandle<()>>,
+    /// Every subscriber's counters (the shutdown logs).
+    counters: Vec<Arc<Counters>>,
+    /// Set when a graceful shutdown completed.
+    done: bool,
 }
 
 /// Counters of every subscriber at shutdown.
@@ -247,13 +359,31 @@ impl WorkerHandle {
 
     /// True when every subscriber is connected and consuming, and shutdown has not started.
     pub fn is_ready(&self) -> bool {
-        self.readiness.is_ready()
+        self.running
+            .as_ref()
+            .is_some_and(|r| r.readiness.is_ready())
     }
 
     /// The address the HTTP endpoint listens on, when [`Worker::http`] was set.
     #[cfg(feature = "http")]
     pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
-        self.endpoint.as_ref().and_then(|e| e.addr)
+        self.running
+            .as_ref()
+            .and_then(|r| r.endpoint.as_ref())
+            .and_then(|e| e.addr)
+    }
+
+    /// `/metrics`, `/healthz` and `/readyz` of this worker as a `tower::Service`, to mount
+    /// into your own axum or hyper server (with or without [`Worker::http`]). For
+    /// `/metrics` to show rabbitkit's series, call
+    /// [`observe::install_prometheus`](crate::observe::install_prometheus) before
+    /// [`Worker::start`] (or set [`Worker::http`], which does).
+    #[cfg(feature = "http")]
+    pub fn http_service(&self) -> crate::observe::HttpEndpoints {
+        let r = self.running.as_ref().map(|r| r.readiness.clone());
+        crate::observe::HttpEndpoints::new(Arc::new(move || {
+            r.as_ref().is_some_and(|r| r.is_ready())
+        }))
     }
 
     /// The publisher the worker settles with (handlers get it as `State<Publisher>`).
@@ -262,29 +392,12 @@ impl WorkerHandle {
     }
 
     /// Stops consuming, lets in-flight handlers finish and settle within the shutdown
-    /// deadline, requeues stragglers, closes both connections.
-    pub async fn shutdown(self) -> WorkerReport {
-        self.readiness.stopping.store(true, Ordering::Release);
-        let _ = self.stop.send(true);
-        let hard = self.hard;
-        let deadline = self.deadline;
-        let timer = tokio::spawn(async move {
-            tokio::time::sleep(deadline).await;
-            let _ = hard.send(true);
-            // Keep the sender alive until the tasks end.
-            hard.closed().await;
-        });
-        for t in self.tasks {
-            if let Err(e) = t.await {
-                tracing::error!(error = %e, "subscriber task failed");
-            }
-        }
-        timer.abort();
-        self.publisher.close(Duration::from_secs(5)).await;
-        self.consumer.close().await;
-        #[cfg(feature = "http")]
-        if let Some(e) = &self.endpoint {
-            e.stop();
+    /// deadline, requeues stragglers, closes both connections. Dropping this future before
+    /// it completes finishes the shutdown in the background with a zero deadline (see
+    /// [`WorkerHandle`]).
+    pub async fn shutdown(mut self) -> WorkerReport {
+        if let Some(mut running) = self.running.take() {
+            running.shutdown().await;
         }
         WorkerReport {
             subscribers: self
@@ -293,5 +406,104 @@ impl WorkerHandle {
                 .map(|(k, v)| (k.clone(), v.snapshot()))
                 .collect(),
         }
+    }
+}
+
+impl Running {
+    async fn shutdown(&mut self) {
+        let began = std::time::Instant::now();
+        self.readiness.stopping.store(true, Ordering::Release);
+        if let Some(d) = &self.depth {
+            d.abort();
+        }
+        let in_flight: u64 = self.counters.iter().map(|c| c.in_flight_now()).sum();
+        tracing::info!(
+            in_flight,
+            deadline = %humantime::format_duration(self.deadline),
+            "shutdown: consuming stopped, draining in-flight handlers"
+        );
+        let _ = self.stop.send(true);
+        let hard = self.hard.clone();
+        let deadline = self.deadline;
+        let counters = self.counters.clone();
+        // A deadline past the clock's range (`Duration::MAX`) never fires.
+        let timer = tokio::time::Instant::now().checked_add(deadline).map(|at| {
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let left: u64 = counters.iter().map(|c| c.in_flight_now()).sum();
+                if left > 0 {
+                    tracing::warn!(
+                        in_flight = left,
+                        "shutdown deadline passed; cutting off the handlers still running and requeueing their messages"
+                    );
+                }
+                let _ = hard.send(true);
+            })
+        });
+        while let Some(t) = self.tasks.last_mut() {
+            if let Err(e) = t.await {
+                tracing::error!(error = %e, "subscriber task failed");
+            }
+            self.tasks.pop();
+        }
+        if let Some(timer) = timer {
+            timer.abort();
+        }
+        self.publisher.close(Duration::from_secs(5)).await;
+        self.consumer.close().await;
+        #[cfg(feature = "http")]
+        if let Some(e) = &self.endpoint {
+            e.stop();
+        }
+        let stragglers: u64 = self
+            .counters
+            .iter()
+            .map(|c| c.stragglers.load(Ordering::Relaxed))
+            .sum();
+        tracing::info!(
+            drained = in_flight.saturating_sub(stragglers),
+            stragglers_requeued = stragglers,
+            took = ?began.elapsed(),
+            "shutdown complete"
+        );
+        self.done = true;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.readiness.stopping.store(true, Ordering::Release);
+        if let Some(d) = &self.depth {
+            d.abort();
+        }
+        let _ = self.stop.send(true);
+        let _ = self.hard.send(true);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let tasks = std::mem::take(&mut self.tasks);
+        let publisher = self.publisher.clone();
+        let consumer = self.consumer.clone();
+        #[cfg(feature = "http")]
+        let endpoint = self.endpoint.take();
+        tracing::warn!(
+            "worker dropped without a graceful shutdown; stopping it with a zero deadline"
+        );
+        rt.spawn(async move {
+            for t in tasks {
+                if let Err(e) = t.await {
+                    tracing::error!(error = %e, "subscriber task failed");
+                }
+            }
+            publisher.close(Duration::from_secs(5)).await;
+            consumer.close().await;
+            #[cfg(feature = "http")]
+            if let Some(e) = endpoint {
+                e.stop();
+            }
+        });
     }
 }

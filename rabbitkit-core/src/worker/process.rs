@@ -4,55 +4,157 @@
 
 use std::sync::Arc;
 
-use lapin::options::BasicAckOptions;
-use tokio::sync::watch;
+use futures_util::FutureExt;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::coalesce::{Ledger, Original};
 use crate::decide::{self, SettleSpec};
 use crate::delivery::{Delivery, Extensions};
-use crate::manual::SettleSink;
+use crate::manual::{SettleReport, SettleSink};
+use crate::observe::{log, span};
 use crate::outcome::Outcome;
 use crate::policy::AckPolicy;
-use crate::run::Runner;
-use crate::settle::{SettleReport, Settler};
+use crate::run::{Link, LinkedSink, Runner};
+use crate::settle::Settler;
 use crate::stats::Counters;
-
-/// The W3C trace-context header.
-const TRACEPARENT: &str = "traceparent";
 
 pub(super) struct Pipeline {
     pub(super) runner: Runner,
     pub(super) settler: Arc<Settler>,
     pub(super) extensions: Arc<Extensions>,
     pub(super) hard_stop: watch::Receiver<bool>,
+    pub(super) spans: span::SpanInfo,
 }
 
+/// The right to settle one delivery, held by its pipeline from the moment the delivery is
+/// taken until the pipeline ends, however it ends. Settling goes through the acker, which
+/// is single-use, or hands the ack to the channel's ledger when acks are coalesced (a held
+/// ack is a settlement in progress: the ledger sends it, or the channel dies and the broker
+/// redelivers). When this guard drops and the delivery is neither (a panic in the
+/// classifier, an error's `Display`, header parsing; a cancelled future; any path that
+/// forgot to settle), it is nack-requeued instead of holding a prefetch slot until the
+/// channel dies.
+struct Unsettled {
+    original: Original,
+    counters: Arc<Counters>,
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        // Settled already, held, or the channel is gone (the broker redelivers).
+        if !self.original.unsettled() {
+            return;
+        }
+        // lapin's `Acker::nack` marks the acker used and queues the frame on its first
+        // poll (lapin 4.12 `acker.rs`): one poll sends it, no runtime needed. Only a
+        // coalescing ledger waits for the write (its multiple acks must not overtake it).
+        let acker = self.original.acker.clone();
+        let mut nack = Box::pin(async move {
+            acker
+                .nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                })
+                .await
+        });
+        match (&mut nack).now_or_never() {
+            Some(sent) => {
+                self.original.done();
+                match sent {
+                    Ok(true) => Counters::inc(&self.counters.requeued),
+                    _ => Counters::inc(&self.counters.ack_lost),
+                }
+            }
+            None => {
+                Counters::inc(&self.counters.requeued);
+                self.original.done_after(nack);
+            }
+        }
+        tracing::error!(
+            "a delivery was left unsettled (a panic outside the handler, or its pipeline was cancelled); requeued"
+        );
+    }
+}
+
+/// Where a manual handler's settle requests go. A settlement, once asked for, runs on its
+/// own task: the handler's future may be dropped (its deadline, a tower `Timeout`, a
+/// `select!`) without cutting a copy from its ack. The pipeline awaits the task before it
+/// ends, so shutdown's drain covers it.
 struct RuntimeSink {
     spec: Arc<SettleSpec>,
     settler: Arc<Settler>,
-    acker: lapin::Acker,
+    original: Original,
+    key: crate::requeues::Key,
+    link: Link,
+    started: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl LinkedSink for RuntimeSink {
+    fn link(&self) -> &Link {
+        &self.link
+    }
+}
+
+impl RuntimeSink {
+    /// Waits for the settlement the handler started, if any.
+    async fn finish(&self) {
+        let started = self
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = started
+            && let Err(e) = task.await
+        {
+            // The delivery's guard requeues it.
+            tracing::error!(error = %e, "a manual settlement panicked");
+        }
+    }
 }
 
 impl SettleSink for RuntimeSink {
     fn settle(
         &self,
-        delivery: Delivery,
         outcome: Outcome,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = SettleReport> + Send + '_>> {
+        let Some(delivery) = self.link.get() else {
+            return Box::pin(std::future::ready(SettleReport::Nothing));
+        };
+        let (tx, rx) = oneshot::channel();
+        let (spec, settler, original) = (
+            self.spec.clone(),
+            self.settler.clone(),
+            self.original.clone(),
+        );
+        let key = self.key;
+        let task = tokio::spawn(async move {
+            let decision = decide::auto(&spec, &delivery, outcome);
+            let report = settler
+                .execute_counted(decision, &original, key, delivery.requeues())
+                .await;
+            let _ = tx.send(report);
+        });
+        *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         Box::pin(async move {
-            let decision = decide::auto(&self.spec, &delivery, outcome);
-            self.settler.execute(decision, &self.acker).await
+            // A settlement that panicked left the delivery to its guard, which requeues it.
+            rx.await.unwrap_or(SettleReport::Requeued)
         })
     }
 }
 
 impl Pipeline {
-    pub(super) async fn process(&self, raw: lapin::message::Delivery) {
+    /// Runs one delivery to its settlement. `ledger`: its channel's, when acks are
+    /// coalesced (the consume loop registered the tag in it).
+    pub(super) async fn process(&self, raw: lapin::message::Delivery, ledger: Option<Arc<Ledger>>) {
         let spec = &self.runner.spec;
         let c = &self.runner.counters;
         Counters::inc(&c.consumed);
         let _in_flight = c.enter();
         let lapin::message::Delivery {
+            delivery_tag,
             exchange,
             routing_key,
             redelivered,
@@ -66,53 +168,60 @@ impl Pipeline {
             Counters::inc(&c.ack_lost);
             return;
         }
+        let original = Original::new(acker, delivery_tag, ledger);
+        let _guard = Unsettled {
+            original: original.clone(),
+            counters: c.clone(),
+        };
         if spec.policy == AckPolicy::AckFirst {
-            match acker.ack(BasicAckOptions::default()).await {
-                Ok(true) => Counters::inc(&c.acked),
+            // Never held: at-most-once means the ack is written before the handler runs.
+            let sent = original.acker.ack(BasicAckOptions::default()).await;
+            original.done();
+            match sent {
+                Ok(true) => {
+                    Counters::inc(&c.acked);
+                    Counters::inc(&c.ack_frames);
+                }
                 _ => {
                     Counters::inc(&c.ack_lost);
                     return;
                 }
             }
         }
+        let key = crate::requeues::key(&properties, &data);
+        let requeues = self
+            .settler
+            .requeues
+            .get(key)
+            .max(crate::requeues::broker_count(&properties));
         let builder = Delivery::builder(spec.queue.clone(), data)
+            .requeues(requeues)
             .route(exchange.as_str(), routing_key.as_str())
             .redelivered(redelivered)
             .properties(properties)
             .extensions(self.extensions.clone());
-        let (delivery, settle) = self.runner.delivery(builder, || {
+        let (delivery, manual) = self.runner.delivery(builder, || {
             Arc::new(RuntimeSink {
                 spec: spec.clone(),
                 settler: self.settler.clone(),
-                acker: acker.clone(),
+                original: original.clone(),
+                key,
+                link: Link::default(),
+                started: std::sync::Mutex::new(None),
             })
         });
         if let Some(f) = &delivery.attempt().forged_header {
             tracing::warn!(message_id = ?delivery.message_id(), problem = %f, "ignoring an unusable attempt header");
         }
-        let span = tracing::info_span!(
-            "rabbitkit.process",
-            otel.kind = "consumer",
-            messaging.system = "rabbitmq",
-            messaging.operation = "process",
-            messaging.operation.type = "process",
-            messaging.destination.name = %spec.queue,
-            messaging.rabbitmq.destination.routing_key = %delivery.routing_key(),
-            messaging.message.id = delivery.message_id().unwrap_or(""),
-            rabbitkit.handler = %spec.handler,
-            rabbitkit.attempt = delivery.attempt().number,
-            rabbitkit.redelivered = redelivered,
-            rabbitkit.outcome = tracing::field::Empty,
-            // W3C trace context of the producer; retry and parking copies keep the header,
-            // so every attempt of a message shares it.
-            traceparent = tracing::field::Empty,
+        let span = span::process(
+            &self.spans,
+            spec,
+            &delivery,
+            span::Raw {
+                delivery_tag,
+                redelivered,
+            },
         );
-        if let Some(tp) = delivery
-            .header(TRACEPARENT)
-            .and_then(crate::headers::string)
-        {
-            span.record("traceparent", tp.as_str());
-        }
         async {
             let mut hard = self.hard_stop.clone();
             let started = std::time::Instant::now();
@@ -121,9 +230,35 @@ impl Pipeline {
                 _ = hard.wait_for(|v| *v) => None,
             };
             c.handler_ran(started.elapsed());
-            let decision = self.runner.conclude(&delivery, outcome, settle.as_ref());
-            tracing::Span::current().record("rabbitkit.outcome", decision.label());
-            let report = self.settler.execute(decision, &acker).await;
+            if outcome.is_none() {
+                c.stragglers
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    handler = %spec.handler,
+                    queue = %spec.queue,
+                    message_id = delivery.message_id().unwrap_or(""),
+                    "handler cut off at the shutdown deadline; requeueing the message"
+                );
+            }
+            let concluded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.runner.conclude(&delivery, outcome, manual.as_ref())
+            }));
+            let decision = concluded.unwrap_or_else(|panic| {
+                let msg = crate::run::panic_message(panic.as_ref());
+                tracing::error!(handler = %spec.handler, queue = %spec.queue, panic = %msg, "deciding the settlement panicked; parking the message");
+                decide::park_after_panic(spec, &delivery, msg)
+            });
+            span::decided(&decision);
+            log::attempt_failed(spec, &delivery, &decision);
+            let parked = log::parking_reason(&decision);
+            if let Some(m) = &manual {
+                m.sink.finish().await;
+            }
+            let report = self
+                .settler
+                .execute_counted(decision, &original, key, delivery.requeues())
+                .await;
+            log::settled(spec, &delivery, parked, &report);
             tracing::debug!(?report, "settled");
         }
         .instrument(span)

@@ -9,11 +9,48 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "rabbitkit", version)]
 pub(crate) struct Cli {
-    /// Broker URL, `amqp://user:pass@host:port/vhost`. The password is never printed.
+    /// Broker URL, `amqp://user:pass@host:port/vhost`, or several nodes comma-separated.
+    /// The password is never printed.
     #[arg(long, env = "RABBITKIT_URL", global = true, hide_env_values = true)]
     pub(crate) url: Option<String>,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// TLS settings of `amqps://` URLs (the binary built with rabbitkit's `tls` feature); the
+/// variables are those a worker's config file takes too.
+#[derive(Debug, Args)]
+pub(crate) struct TlsArgs {
+    /// PEM file of CA certificates trusted to sign the broker's certificate.
+    #[arg(long, env = "RABBITKIT_TLS_CA_FILE", global = true)]
+    pub(crate) tls_ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate (needs --tls-key-file).
+    #[arg(long, env = "RABBITKIT_TLS_CERT_FILE", global = true)]
+    pub(crate) tls_cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(long, env = "RABBITKIT_TLS_KEY_FILE", global = true)]
+    pub(crate) tls_key_file: Option<PathBuf>,
+    /// The name the broker's certificate is checked against (default: the URL's host).
+    #[arg(long, env = "RABBITKIT_TLS_SERVER_NAME", global = true)]
+    pub(crate) tls_server_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// The settings given, if any.
+    pub(crate) fn config(self) -> Option<crate::TlsConfig> {
+        let given = self.tls_ca_file.is_some()
+            || self.tls_cert_file.is_some()
+            || self.tls_key_file.is_some()
+            || self.tls_server_name.is_some();
+        given.then_some(crate::TlsConfig {
+            ca_file: self.tls_ca_file,
+            cert_file: self.tls_cert_file,
+            key_file: self.tls_key_file,
+            server_name: self.tls_server_name,
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,6 +74,9 @@ pub(crate) enum ParkingCommand {
         /// Most messages to summarise.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// One JSON document on stdout instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Show headers and a body preview of parked messages (removes nothing).
     Show {
@@ -51,6 +91,9 @@ pub(crate) enum ParkingCommand {
         /// Bytes of each body to show.
         #[arg(long, default_value_t = 512)]
         body_bytes: usize,
+        /// One JSON document on stdout instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Move parked messages back to their work queue (confirmed copy first, then the ack).
     Replay(ReplayArgs),
@@ -77,6 +120,16 @@ pub(crate) struct ReplayArgs {
     /// Only messages whose last error kind is this (`error`, `timeout`, `decode`, ...).
     #[arg(long)]
     pub(crate) error_kind: Option<String>,
+    /// Only messages parked for this reason: rabbitkit's (`max-attempts`, `permanent`,
+    /// `decode`, ...) or the broker's dead-letter reason (`rejected`, `delivery_limit`, ...).
+    #[arg(long)]
+    pub(crate) park_reason: Option<String>,
+    /// List what would be replayed, and replay nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// One JSON document on stdout instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
     /// Only messages parked at least this long ago (`10m`, `2h`); messages of unknown age
     /// stay parked.
     #[arg(long, value_parser = duration)]
@@ -93,27 +146,80 @@ pub(crate) enum TopologyCommand {
     Check(TopologyArgs),
     /// Declare every queue, exchange and binding (idempotent).
     Apply(TopologyArgs),
+    /// Move every message of the classic delay tiers (`{queue}.retry.{delay}`) into the
+    /// quorum tiers of the same delays (`{queue}.delay.{delay}`), each acked only after its
+    /// copy is confirmed, then delete the emptied classic tiers; exits 1 unless every
+    /// classic tier is gone.
+    Migrate(MigrateArgs),
+    /// List the delay tier queues (`{queue}.delay.{d}`, `{queue}.retry.{d}`) of the config
+    /// file's work queues that no subscriber uses any more; with --yes, delete those that
+    /// are empty (a queue holding a message is kept).
+    Prune(PruneArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PruneArgs {
+    /// Only this work queue's tiers (default: every subscriber's).
+    pub(crate) work_queue: Option<String>,
+    /// The worker config file: its `[[subscribers]]` say which tiers are in use. A
+    /// subscriber whose `[subscribers.retry]` is not in the file is not judged.
+    #[arg(long)]
+    pub(crate) config: PathBuf,
+    /// The management API that lists the vhost's queues, `http://[user:pass@]host:15672`
+    /// (default user and password: the broker URL's).
+    #[arg(long, env = "RABBITKIT_MGMT_URL", hide_env_values = true)]
+    pub(crate) mgmt_url: String,
+    /// Delete the unused tiers that are empty (`queue.delete` with if-empty).
+    #[arg(long)]
+    pub(crate) yes: bool,
+    /// One JSON document on stdout instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct MigrateArgs {
+    /// The work queue (it must exist).
+    pub(crate) work_queue: String,
+    /// The retry delays of the schedule: `1s,10s,1m`.
+    #[arg(long, value_delimiter = ',', value_parser = duration, required = true)]
+    pub(crate) tiers: Vec<Duration>,
+    /// Delays dropped from the schedule whose classic tiers may still hold copies.
+    #[arg(long, value_delimiter = ',', value_parser = duration)]
+    pub(crate) old_tiers: Vec<Duration>,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct TopologyArgs {
-    /// The work queue.
-    pub(crate) work_queue: String,
+    /// The work queue. With `--config`, only that subscriber's queue (default: all of them).
+    #[arg(required_unless_present = "config")]
+    pub(crate) work_queue: Option<String>,
+    /// Read the topology from a worker config file (its `[[subscribers]]`) instead of the
+    /// flags below; keys the file leaves out take rabbitkit's defaults.
+    #[arg(long, conflicts_with_all = ["quorum", "tiers", "bindings", "exchange_kind", "delivery_limit", "classic_tiers"])]
+    pub(crate) config: Option<PathBuf>,
+    /// One JSON document on stdout instead of text (`check` only).
+    #[arg(long)]
+    pub(crate) json: bool,
     /// A quorum work queue (default: classic).
     #[arg(long)]
     pub(crate) quorum: bool,
     /// Retry delays, one tier queue each: `1s,10s,1m`.
     #[arg(long, value_delimiter = ',', value_parser = duration)]
     pub(crate) tiers: Vec<Duration>,
+    /// Classic delay tiers (`{queue}.retry.{delay}`; at-most-once dead-lettering) instead of
+    /// quorum ones (`{queue}.delay.{delay}`).
+    #[arg(long)]
+    pub(crate) classic_tiers: bool,
     /// A binding `EXCHANGE=ROUTING_KEY` (repeatable).
     #[arg(long = "bind", value_parser = pair)]
     pub(crate) bindings: Vec<(String, String)>,
-    /// Kind of the bound exchanges: topic, direct, fanout, headers.
-    #[arg(long, default_value = "topic")]
-    pub(crate) exchange_kind: String,
-    /// Quorum only: the broker-side delivery limit.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) delivery_limit: u32,
+    /// Kind of the bound exchanges: topic, direct, fanout, headers (default topic).
+    #[arg(long)]
+    pub(crate) exchange_kind: Option<String>,
+    /// Quorum only: the broker-side delivery limit (default 20).
+    #[arg(long)]
+    pub(crate) delivery_limit: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -177,6 +283,7 @@ fn pair(s: &str) -> Result<(String, String), String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -202,6 +309,64 @@ mod tests {
         assert_eq!(pair("shop=order.*"), Ok(("shop".into(), "order.*".into())));
         assert_eq!(pair("a=b=c"), Ok(("a".into(), "b=c".into())));
         assert!(pair("nokey").is_err());
+    }
+
+    #[test]
+    fn a_mistyped_command_or_flag_gets_a_suggestion() {
+        let err = Cli::try_parse_from(["rabbitkit", "parking", "lst", "orders"])
+            .expect_err("no such command")
+            .render()
+            .to_string();
+        assert!(err.contains("'list'"), "{err}");
+        let err = Cli::try_parse_from(["rabbitkit", "parking", "replay", "q", "--dry-rn"])
+            .expect_err("no such flag")
+            .render()
+            .to_string();
+        assert!(err.contains("--dry-run"), "{err}");
+    }
+
+    #[test]
+    fn topology_takes_a_work_queue_or_a_config_file() {
+        assert!(Cli::try_parse_from(["rabbitkit", "topology", "check"]).is_err());
+        assert!(Cli::try_parse_from(["rabbitkit", "topology", "check", "orders"]).is_ok());
+        assert!(
+            Cli::try_parse_from(["rabbitkit", "topology", "check", "--config", "w.toml"]).is_ok()
+        );
+        assert!(
+            Cli::try_parse_from([
+                "rabbitkit",
+                "topology",
+                "apply",
+                "--config",
+                "w.toml",
+                "--tiers",
+                "1s"
+            ])
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn tls_flags_make_tls_settings_only_when_given() {
+        let cli = Cli::try_parse_from([
+            "rabbitkit",
+            "parking",
+            "list",
+            "orders",
+            "--tls-ca-file",
+            "ca.pem",
+            "--tls-server-name",
+            "rabbit.test",
+        ])
+        .expect("parses");
+        let tls = cli.tls.config().expect("settings");
+        assert_eq!(tls.ca_file, Some(PathBuf::from("ca.pem")));
+        assert_eq!(tls.server_name.as_deref(), Some("rabbit.test"));
+        assert_eq!(tls.cert_file, None);
+        let cli = Cli::try_parse_from(["rabbitkit", "parking", "list", "orders"]).expect("parses");
+        if std::env::vars().all(|(k, _)| !k.starts_with("RABBITKIT_TLS_")) {
+            assert!(cli.tls.config().is_none());
+        }
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! rabbitkit parking list|show|replay|purge <work-queue> ...
-//! rabbitkit topology check|apply <work-queue> [--quorum] [--tiers 1s,10s] [--bind EX=KEY]...
+//! rabbitkit topology check|apply <work-queue> [--quorum] [--tiers 1s,10s] [--classic-tiers] [--bind EX=KEY]...
+//! rabbitkit topology migrate <work-queue> --tiers 1s,10s [--old-tiers 5m]
+//! rabbitkit topology prune [<work-queue>] --config worker.toml --mgmt-url URL [--yes] [--json]
 //! rabbitkit publish --exchange X --routing-key K [--body STR | --file PATH] [--header k=v]...
 //! ```
 //!
@@ -19,6 +21,7 @@
 //! in-process and read what it printed.
 
 mod args;
+mod mgmt;
 mod parking;
 mod publish;
 mod topology;
@@ -88,7 +91,8 @@ where
         );
         return EXIT_USAGE;
     };
-    let connection = ConnectionConfig::new(url);
+    let mut connection = ConnectionConfig::nodes(rabbitkit_core::connection::split_url_list(&url));
+    connection.tls = cli.tls.config();
     if let Err(e) = connection.validate() {
         // The error never holds the URL (it may hold a password).
         let _ = writeln!(err, "rabbitkit: {e}");
@@ -103,7 +107,7 @@ where
     match done {
         Ok(code) => code,
         Err(e) => {
-            let text = scrub(&error_chain(&*e), &connection.url);
+            let text = connection.scrub(&error_chain(&*e));
             let _ = writeln!(
                 io.err,
                 "rabbitkit: {text} (broker {})",
@@ -128,20 +132,6 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Takes the URL and its password out of a message before it is printed.
-fn scrub(text: &str, url: &str) -> String {
-    let mut text = text.replace(url, &rabbitkit_core::connection::redact(url));
-    let password = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split_once('@'))
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, p)| p);
-    if let Some(p) = password.filter(|p| !p.is_empty()) {
-        text = text.replace(p, "***");
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,7 +139,8 @@ mod tests {
     #[test]
     fn printed_errors_never_hold_the_password() {
         let url = "amqp://app:s3cret@host:5672/%2f";
-        let text = scrub(&format!("cannot reach {url}; auth s3cret refused"), url);
+        let connection = ConnectionConfig::new(url);
+        let text = connection.scrub(&format!("cannot reach {url}; auth s3cret refused"));
         assert!(!text.contains("s3cret"), "{text}");
         assert!(text.contains("amqp://app:***@host:5672/%2f"), "{text}");
     }

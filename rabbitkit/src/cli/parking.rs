@@ -1,8 +1,9 @@
 //! `rabbitkit parking list|show|replay|purge`: thin front ends of [`Parking`].
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rabbitkit_core::amqp::AMQPValue;
+use serde_json::{Value, json};
 
 use super::args::{ParkingCommand, ReplayArgs};
 use super::{Done, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Io};
@@ -28,13 +29,17 @@ pub(crate) async fn run(
     }
     let parking = Parking::new(connection.clone(), work_queue.as_str())?;
     let done = match cmd {
-        ParkingCommand::List { limit, .. } => list(&parking, limit, io).await,
+        ParkingCommand::List { limit, json, .. } => list(&parking, limit, json, io).await,
         ParkingCommand::Show {
             message_id,
             limit,
             body_bytes,
+            json,
             ..
-        } => show(&parking, message_id, limit, body_bytes, io).await,
+        } => {
+            let view = View { body_bytes, json };
+            show(&parking, message_id, limit, view, io).await
+        }
         ParkingCommand::Replay(args) => replay(&parking, args, io).await,
         ParkingCommand::Purge { .. } => purge(&parking, io).await,
     };
@@ -48,11 +53,17 @@ async fn purge(parking: &Parking, io: &mut Io<'_>) -> Done {
     Ok(EXIT_OK)
 }
 
-async fn list(parking: &Parking, limit: usize, io: &mut Io<'_>) -> Done {
+async fn list(parking: &Parking, limit: usize, json: bool, io: &mut Io<'_>) -> Done {
     let count = parking.count().await?;
-    writeln!(io.out, "{}: {count} parked", parking.queue())?;
     let now = SystemTime::now();
     let shown = parking.peek(limit).await?;
+    if json {
+        let messages: Vec<_> = shown.iter().map(|m| summary_json(m, now)).collect();
+        let doc = json!({ "queue": parking.queue(), "parked": count, "messages": messages });
+        writeln!(io.out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(EXIT_OK);
+    }
+    writeln!(io.out, "{}: {count} parked", parking.queue())?;
     for m in &shown {
         writeln!(io.out, "{}", summary(m, now))?;
     }
@@ -63,6 +74,33 @@ async fn list(parking: &Parking, limit: usize, io: &mut Io<'_>) -> Done {
         writeln!(io.out, "... {more} more not shown (--limit)")?;
     }
     Ok(EXIT_OK)
+}
+
+/// What `summary` says, as JSON, plus the parking time (RFC 3339) and the error message.
+fn summary_json(m: &ParkedMessage, now: SystemTime) -> Value {
+    json!({
+        "message_id": m.message_id(),
+        "reason": m.reason,
+        "error_kind": m.error_kind,
+        "error_message": m.error_message,
+        "attempts": m.attempts,
+        "handler": m.handler,
+        "source_queue": m.source_queue,
+        "original_exchange": m.original_exchange,
+        "original_routing_key": m.original_routing_key,
+        "first_failure_at": m.first_failure_at,
+        "last_failure_at": m.last_failure_at,
+        "parked_at": m.parked_at.map(rfc3339),
+        "age_seconds": m.age(now).map(|a| a.as_secs()),
+        "replayed": m.replayed,
+        "body_size": m.body.len(),
+    })
+}
+
+/// How `show` prints each message.
+struct View {
+    body_bytes: usize,
+    json: bool,
 }
 
 /// One line: message id, reason and error kind, attempts, age, original routing key.
@@ -87,7 +125,7 @@ async fn show(
     parking: &Parking,
     message_id: Option<String>,
     limit: usize,
-    body_bytes: usize,
+    view: View,
     io: &mut Io<'_>,
 ) -> Done {
     // To find one id every parked message is read; all of them are requeued by `peek`.
@@ -112,13 +150,23 @@ async fn show(
         return Ok(EXIT_FAILED);
     }
     let count = parking.count().await?;
+    let now = SystemTime::now();
+    if view.json {
+        let messages: Vec<_> = shown
+            .iter()
+            .map(|m| message_json(m, now, view.body_bytes))
+            .collect();
+        let doc = json!({ "queue": parking.queue(), "parked": count, "messages": messages });
+        writeln!(io.out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(EXIT_OK);
+    }
+    let body_bytes = view.body_bytes;
     writeln!(
         io.out,
         "{}: {count} parked, {} shown",
         parking.queue(),
         shown.len()
     )?;
-    let now = SystemTime::now();
     for (i, m) in shown.iter().enumerate() {
         writeln!(io.out, "--- {} #{} ---", parking.queue(), i + 1)?;
         writeln!(io.out, "{}", summary(m, now))?;
@@ -133,7 +181,7 @@ async fn show(
                 "content-type",
                 p.content_type().as_ref().map(|v| v.to_string()),
             ),
-            ("timestamp", p.timestamp().map(|v| v.to_string())),
+            ("timestamp", p.timestamp().map(seconds_rfc3339)),
         ];
         for (name, value) in props {
             if let Some(v) = value {
@@ -142,7 +190,7 @@ async fn show(
         }
         if let Some(h) = p.headers() {
             for (k, v) in h.inner() {
-                writeln!(io.out, "header {k}: {}", value(v))?;
+                writeln!(io.out, "header {k}: {}", header_text(k.as_str(), v))?;
             }
         }
         let cut = m.body.len().min(body_bytes);
@@ -159,6 +207,105 @@ async fn show(
         writeln!(io.out)?;
     }
     Ok(EXIT_OK)
+}
+
+/// A whole parked message as JSON: the summary, properties, headers (times as RFC 3339)
+/// and the first `body_bytes` of the body (lossy UTF-8).
+fn message_json(m: &ParkedMessage, now: SystemTime, body_bytes: usize) -> Value {
+    let mut doc = summary_json(m, now);
+    let p = &m.properties;
+    let headers: serde_json::Map<String, Value> = p
+        .headers()
+        .as_ref()
+        .map(|h| {
+            h.inner()
+                .iter()
+                .map(|(k, v)| (k.to_string(), header_json(k.as_str(), v)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let cut = m.body.len().min(body_bytes);
+    if let Value::Object(o) = &mut doc {
+        o.insert(
+            "properties".into(),
+            json!({
+                "correlation_id": p.correlation_id().as_ref().map(|v| v.to_string()),
+                "content_type": p.content_type().as_ref().map(|v| v.to_string()),
+                "timestamp": p.timestamp().map(seconds_rfc3339),
+                "delivery_mode": p.delivery_mode(),
+            }),
+        );
+        o.insert("headers".into(), Value::Object(headers));
+        o.insert(
+            "body".into(),
+            Value::String(String::from_utf8_lossy(&m.body[..cut]).into_owned()),
+        );
+        o.insert("body_truncated".into(), Value::Bool(cut < m.body.len()));
+    }
+    doc
+}
+
+/// rabbitkit's failure times are epoch milliseconds: shown as RFC 3339, with the raw value.
+fn is_time_header(name: &str) -> bool {
+    name == crate::headers::FIRST_FAILURE_AT || name == crate::headers::LAST_FAILURE_AT
+}
+
+fn millis_rfc3339(ms: i64) -> Option<String> {
+    let ms = u64::try_from(ms).ok()?;
+    UNIX_EPOCH
+        .checked_add(Duration::from_millis(ms))
+        .map(rfc3339)
+}
+
+fn seconds_rfc3339(s: u64) -> String {
+    UNIX_EPOCH
+        .checked_add(Duration::from_secs(s))
+        .map_or_else(|| s.to_string(), rfc3339)
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// A header on one line; a time header as RFC 3339 followed by its raw value.
+fn header_text(name: &str, v: &AMQPValue) -> String {
+    match crate::headers::int(v).filter(|_| is_time_header(name)) {
+        Some(ms) => match millis_rfc3339(ms) {
+            Some(t) => format!("{t} ({ms})"),
+            None => ms.to_string(),
+        },
+        None => value(v),
+    }
+}
+
+/// A header as JSON: strings, integers, booleans, arrays and tables as themselves; time
+/// headers as RFC 3339 strings; anything else as its debug text.
+fn header_json(name: &str, v: &AMQPValue) -> Value {
+    if let Some(t) = crate::headers::int(v)
+        .filter(|_| is_time_header(name))
+        .and_then(millis_rfc3339)
+    {
+        return Value::String(t);
+    }
+    match v {
+        AMQPValue::LongString(s) => Value::String(s.to_string()),
+        AMQPValue::ShortString(s) => Value::String(s.as_str().to_owned()),
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::Timestamp(s) => Value::String(seconds_rfc3339(*s)),
+        AMQPValue::FieldArray(a) => {
+            Value::Array(a.as_slice().iter().map(|v| header_json("", v)).collect())
+        }
+        AMQPValue::FieldTable(t) => Value::Object(
+            t.inner()
+                .iter()
+                .map(|(k, v)| (k.to_string(), header_json(k.as_str(), v)))
+                .collect(),
+        ),
+        other => match crate::headers::int(other) {
+            Some(n) => Value::from(n),
+            None => Value::String(format!("{other:?}")),
+        },
+    }
 }
 
 /// A header value on one line.
@@ -194,15 +341,43 @@ async fn replay(parking: &Parking, args: ReplayArgs, io: &mut Io<'_>) -> Done {
         options = options.rate(r.count, r.period);
     }
     let now = SystemTime::now();
-    let (id, kind, older) = (args.message_id, args.error_kind, args.older_than);
+    let (id, kind, reason, older) = (
+        args.message_id,
+        args.error_kind,
+        args.park_reason,
+        args.older_than,
+    );
     let select = move |m: &ParkedMessage| {
         id.as_deref().is_none_or(|id| m.message_id() == Some(id))
             && kind
                 .as_deref()
                 .is_none_or(|k| m.error_kind.as_deref() == Some(k))
+            && reason
+                .as_deref()
+                .is_none_or(|r| m.reason.as_deref() == Some(r))
             && older.is_none_or(|o| m.age(now).is_some_and(|a| a >= o))
     };
+    if args.dry_run {
+        return dry_run(parking, args.limit, args.json, select, io).await;
+    }
     let report = parking.replay_with(options, select).await?;
+    if args.json {
+        let doc = json!({
+            "work_queue": args.work_queue,
+            "replayed": report.replayed,
+            "duplicates": report.duplicates,
+            "passed_over": report.passed_over,
+            "other_queue": report.other_queue,
+            "remaining": report.remaining,
+            "stopped": report.stopped,
+        });
+        writeln!(io.out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(if report.stopped.is_some() {
+            EXIT_FAILED
+        } else {
+            EXIT_OK
+        });
+    }
     writeln!(
         io.out,
         "{} replayed into {}, {} duplicates removed, {} passed over, {} still parked",
@@ -225,4 +400,57 @@ async fn replay(parking: &Parking, args: ReplayArgs, io: &mut Io<'_>) -> Done {
         }
         None => Ok(EXIT_OK),
     }
+}
+
+/// `replay --dry-run`: every parked message is looked at (and left parked, in order); the
+/// ones the filters pick, up to the limit, are listed. A message parked from another work
+/// queue would stay parked in a real replay, so it is listed apart.
+async fn dry_run(
+    parking: &Parking,
+    limit: Option<usize>,
+    json: bool,
+    mut select: impl FnMut(&ParkedMessage) -> bool,
+    io: &mut Io<'_>,
+) -> Done {
+    let now = SystemTime::now();
+    let parked = parking.peek(usize::MAX).await?;
+    let total = parked.len();
+    let (mut picked, mut other_queue) = (Vec::new(), 0usize);
+    for m in &parked {
+        if picked.len() >= limit.unwrap_or(usize::MAX) || !select(m) {
+            continue;
+        }
+        if m.source_queue
+            .as_deref()
+            .is_some_and(|q| q != parking.work_queue())
+        {
+            other_queue += 1;
+        } else {
+            picked.push(m);
+        }
+    }
+    if json {
+        let messages: Vec<_> = picked.iter().map(|m| summary_json(m, now)).collect();
+        let doc = json!({
+            "dry_run": true,
+            "queue": parking.queue(),
+            "parked": total,
+            "would_replay": picked.len(),
+            "other_queue": other_queue,
+            "messages": messages,
+        });
+        writeln!(io.out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(EXIT_OK);
+    }
+    for m in &picked {
+        writeln!(io.out, "would replay {}", summary(m, now))?;
+    }
+    writeln!(
+        io.out,
+        "dry run: {} of {total} parked would be replayed into {}, {other_queue} parked from \
+         another work queue would stay; nothing was moved",
+        picked.len(),
+        parking.work_queue()
+    )?;
+    Ok(EXIT_OK)
 }

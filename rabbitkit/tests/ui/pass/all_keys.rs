@@ -11,7 +11,9 @@ use std::time::Duration;
     exchange_kind = "direct",
     queue_type = "quorum",
     delivery_limit = 7,
+    tier_queue_type = "classic",
     ack = "nack-on-error",
+    requeue_limit = 9,
     retry = ["500ms", "30s", "5m"],
     max_attempts = 6,
     immediate_retries = 2,
@@ -19,6 +21,7 @@ use std::time::Duration;
     prefetch = 40,
     concurrency = 8,
     deadline = "20s",
+    ack_coalescing = (16, "5ms"),
 )]
 async fn ship(Body(body): Body, RoutingKey(key): RoutingKey) -> Result<(), BoxError> {
     let _ = (body, key);
@@ -32,7 +35,9 @@ fn main() {
         .exchange_kind("direct")
         .queue_type(QueueType::Quorum)
         .delivery_limit(7)
+        .tier_queue_type(QueueType::Classic)
         .ack_policy(AckPolicy::NackOnError)
+        .requeue_limit(9)
         .retry(
             RetryPolicy::new([
                 Duration::from_millis(500),
@@ -45,10 +50,12 @@ fn main() {
         )
         .prefetch(40)
         .concurrency(8)
-        .deadline(Duration::from_secs(20));
+        .deadline(Duration::from_secs(20))
+        .ack_coalescing(16, Duration::from_millis(5));
     let generated = rabbitkit::IntoSubscriber::into_subscriber(ship);
     assert_eq!(format!("{generated:?}"), format!("{by_hand:?}"));
     assert_eq!(ship::NAME, "shipper");
     assert_eq!(ship::QUEUE, "shipping");
     assert_eq!(generated.handler_name(), "shipper");
+    assert_eq!(generated.topology().tier_queue_type, QueueType::Classic);
 }

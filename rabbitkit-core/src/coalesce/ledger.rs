@@ -1,0 +1,536 @@
+//! The per-channel ledger of delivery tags: which are still being handled, which are held
+//! acks, and when to flush them.
+//!
+//! Why it must be this careful: RabbitMQ applies `basic.ack multiple=true` to every
+//! unacknowledged delivery of the channel up to the tag, and answers an ack, nack or reject
+//! of a tag it no longer knows with `PRECONDITION_FAILED`, closing the channel (every other
+//! unacked delivery is then redelivered). lapin 4.12 does not track multiple acks: each
+//! delivery's `Acker` has its own "used" switch, the ackers of the tags a multiple ack
+//! covered stay usable, and `Acker::ack`/`reject` hand the frame to a task of their own, so
+//! two settlements issued one after the other may be written in either order. Hence:
+//! - a tag leaves the ledger only once the frame that settles it has been written (its
+//!   future resolved), so a later multiple ack never overtakes an earlier nack of a lower
+//!   tag, nor an earlier ack it would make a second ack of;
+//! - one task per channel sends the flushes, one at a time;
+//! - a held delivery's acker is never used again once its tag was flushed (the pipeline's
+//!   guard asks [`Original::unsettled`], not the acker).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lapin::Acker;
+use lapin::options::BasicAckOptions;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::AckCoalescing;
+use crate::stats::Counters;
+
+/// One delivery tag of the channel.
+#[derive(Debug)]
+enum Slot<A> {
+    /// Handed to a handler, or settling by a nack, a reject or a copy: not settled yet.
+    Busy,
+    /// A success whose ack is held, since `since`.
+    Held { acker: A, since: Instant },
+    /// Its ack is being written by the current flush.
+    Sending,
+}
+
+/// What one flush sends.
+#[derive(Debug)]
+struct Batch<A> {
+    /// The acker of the highest tag of the run of held acks at the bottom of the ledger,
+    /// and the length of that run: one ack, `multiple` when longer than one.
+    run: Option<(A, usize)>,
+    /// Held acks above a delivery still unsettled, acked one by one.
+    singles: Vec<(u64, A)>,
+}
+
+/// What the flusher does next.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Flush; `force` sends every held ack, the ones that cannot join the run singly.
+    Flush { force: bool },
+    /// Wait for a hold, or until this instant (the oldest held ack is due).
+    Wait(Option<Instant>),
+    /// Closed and nothing left to send.
+    Done,
+}
+
+/// The tags of one channel (the pure part of the [`Ledger`]).
+#[derive(Debug)]
+struct State<A> {
+    slots: BTreeMap<u64, Slot<A>>,
+    /// `Held` slots.
+    held: usize,
+    /// When the oldest held ack was held.
+    first_held: Option<Instant>,
+    /// No more holds: the channel is closing or gone.
+    closed: bool,
+}
+
+impl<A> Default for State<A> {
+    fn default() -> Self {
+        Self {
+            slots: BTreeMap::new(),
+            held: 0,
+            first_held: None,
+            closed: false,
+        }
+    }
+}
+
+impl<A> State<A> {
+    /// Holds the ack of `tag`, a `Busy` slot. Hands `acker` back when the ack must be sent
+    /// at once (closed, or the tag is not a delivery still being handled).
+    fn hold(&mut self, tag: u64, acker: A, now: Instant) -> Result<(), A> {
+        if self.closed {
+            return Err(acker);
+        }
+        match self.slots.get_mut(&tag) {
+            Some(slot @ Slot::Busy) => *slot = Slot::Held { acker, since: now },
+            _ => return Err(acker),
+        }
+        self.held += 1;
+        if self.held == 1 {
+            self.first_held = Some(now);
+        }
+        Ok(())
+    }
+
+    fn step(&self, now: Instant, cfg: &AckCoalescing) -> Step {
+        if self.closed {
+            return if self.held > 0 {
+                Step::Flush { force: true }
+            } else {
+                Step::Done
+            };
+        }
+        if self.held >= usize::from(cfg.max_acks) {
+            return Step::Flush { force: false };
+        }
+        match self.first_held.map(|t| t + cfg.max_delay) {
+            Some(due) if due <= now => Step::Flush { force: true },
+            due => Step::Wait(due),
+        }
+    }
+
+    /// Takes what a flush sends: the run of held acks at the bottom (removed: their tags are
+    /// settled once the one ack is written), and, when `force` or when the acks still held
+    /// would fill a batch, every other held ack (marked `Sending` until written).
+    fn take(&mut self, force: bool, max_acks: usize) -> Batch<A> {
+        let mut run = None;
+        while let Some(entry) = self.slots.first_entry() {
+            if !matches!(entry.get(), Slot::Held { .. }) {
+                break;
+            }
+            if let Slot::Held { acker, .. } = entry.remove() {
+                let n = run.as_ref().map_or(0, |(_, n)| *n);
+                run = Some((acker, n + 1));
+            }
+        }
+        let in_run = run.as_ref().map_or(0, |(_, n)| *n);
+        self.held -= in_run;
+        let mut singles = Vec::new();
+        if force || self.held >= max_acks {
+            for (tag, slot) in self.slots.iter_mut() {
+                if matches!(slot, Slot::Held { .. })
+                    && let Slot::Held { acker, .. } = std::mem::replace(slot, Slot::Sending)
+                {
+                    singles.push((*tag, acker));
+                }
+            }
+            self.held = 0;
+        }
+        self.first_held = self
+            .slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Held { since, .. } => Some(*since),
+                _ => None,
+            })
+            .min();
+        Batch { run, singles }
+    }
+
+    /// Forgets `tag` when it is `Busy` or `Sending`: its settling frame was written (or its
+    /// channel is gone).
+    fn done(&mut self, tag: u64) {
+        if matches!(self.slots.get(&tag), Some(Slot::Busy) | Some(Slot::Sending)) {
+            self.slots.remove(&tag);
+        }
+    }
+}
+
+/// The ledger of one consume channel (see the [module docs](self)).
+pub(crate) struct Ledger {
+    state: Mutex<State<Acker>>,
+    cfg: AckCoalescing,
+    counters: Arc<Counters>,
+    /// Wakes the flusher: the first held ack (arms the timer), a full batch, closing.
+    wake: Notify,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    fn lock(&self) -> MutexGuard<'_, State<Acker>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A delivery of this channel, taken from the consumer (in tag order, before its
+    /// pipeline starts).
+    pub(crate) fn register(&self, tag: u64) {
+        self.lock().slots.insert(tag, Slot::Busy);
+    }
+
+    fn hold(&self, tag: u64, acker: &Acker) -> bool {
+        let held = {
+            let mut s = self.lock();
+            match s.hold(tag, acker.clone(), Instant::now()) {
+                Ok(()) => Some(s.held),
+                Err(_) => None,
+            }
+        };
+        match held {
+            Some(n) => {
+                if n == 1 || n >= usize::from(self.cfg.max_acks) {
+                    self.wake.notify_one();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn done(&self, tag: u64) {
+        self.lock().done(tag);
+    }
+
+    fn is_busy(&self, tag: u64) -> bool {
+        matches!(self.lock().slots.get(&tag), Some(Slot::Busy))
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.wake.notify_one();
+    }
+
+    /// The flusher: one per channel, so flushes never overlap.
+    async fn run(self: Arc<Self>) {
+        loop {
+            let woken = self.wake.notified();
+            let step = self.lock().step(Instant::now(), &self.cfg);
+            match step {
+                Step::Done => return,
+                Step::Flush { force } => self.flush(force).await,
+                Step::Wait(None) => woken.await,
+                Step::Wait(Some(due)) => {
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep_until(tokio::time::Instant::from_std(due)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn flush(&self, force: bool) {
+        let batch = self.lock().take(force, usize::from(self.cfg.max_acks));
+        let mut sends = Vec::with_capacity(batch.singles.len() + 1);
+        if let Some((acker, n)) = batch.run {
+            sends.push(Box::pin(self.send(acker, n, None)));
+        }
+        for (tag, acker) in batch.singles {
+            sends.push(Box::pin(self.send(acker, 1, Some(tag))));
+        }
+        futures_util::future::join_all(sends).await;
+    }
+
+    /// Acks `n` deliveries with `acker` (the highest of them; `multiple` when `n > 1`).
+    /// `single` is the tag of a `Sending` slot, forgotten once written.
+    async fn send(&self, acker: Acker, n: usize, single: Option<u64>) {
+        let ack = acker.ack(BasicAckOptions { multiple: n > 1 });
+        #[cfg(feature = "otel")]
+        let ack = tracing::Instrument::instrument(
+            ack,
+            crate::observe::otel::settle_span(&self.counters.queue, "ack"),
+        );
+        let sent = ack.await;
+        if let Some(tag) = single {
+            self.done(tag);
+        }
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        match sent {
+            Ok(true) => {
+                Counters::add(&self.counters.acked, n);
+                Counters::inc(&self.counters.ack_frames);
+            }
+            other => {
+                Counters::add(&self.counters.ack_lost, n);
+                match other.err() {
+                    Some(e) => {
+                        tracing::warn!(acks = n, error = %e, "held acks found their channel gone; the broker will redeliver")
+                    }
+                    None => {
+                        tracing::warn!(
+                            acks = n,
+                            "held acks found their channel gone; the broker will redeliver"
+                        )
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The ledger of one channel as its consume loop owns it: starts the flusher, and closes
+/// the ledger when dropped (a hold after that is acked at once).
+pub(crate) struct ChannelAcks {
+    ledger: Arc<Ledger>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+impl ChannelAcks {
+    /// A ledger for a new channel, its flusher running.
+    pub(crate) fn start(cfg: AckCoalescing, counters: Arc<Counters>) -> Self {
+        let ledger = Arc::new(Ledger {
+            state: Mutex::new(State::default()),
+            cfg,
+            counters,
+            wake: Notify::new(),
+        });
+        let flusher = Some(tokio::spawn(ledger.clone().run()));
+        Self { ledger, flusher }
+    }
+
+    /// What each delivery of the channel carries.
+    pub(crate) fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// Sends every held ack and stops the flusher: call before the channel is closed.
+    /// Deliveries still being handled then ack (or nack) on their own.
+    pub(crate) async fn finish(mut self) {
+        self.ledger.close();
+        if let Some(flusher) = self.flusher.take() {
+            // The flusher's acks resolve once written, or fail with the channel: bounded in
+            // practice; the bound only guards a shutdown against a stuck connection.
+            if tokio::time::timeout(Duration::from_secs(10), flusher)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "held acks were not written in time; the broker redelivers what they covered"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for ChannelAcks {
+    fn drop(&mut self) {
+        self.ledger.close();
+    }
+}
+
+/// The original delivery as settlements see it: its acker, its tag, and the ledger of its
+/// channel when acks are coalesced.
+#[derive(Clone)]
+pub(crate) struct Original {
+    pub(crate) acker: Acker,
+    tag: u64,
+    ledger: Option<Arc<Ledger>>,
+}
+
+impl Original {
+    pub(crate) fn new(acker: Acker, tag: u64, ledger: Option<Arc<Ledger>>) -> Self {
+        Self { acker, tag, ledger }
+    }
+
+    /// Neither settled nor held: what the pipeline's guard must requeue. A held ack's acker
+    /// is still usable in lapin's eyes, and must stay untouched.
+    pub(crate) fn unsettled(&self) -> bool {
+        self.acker.usable() && self.ledger.as_ref().is_none_or(|l| l.is_busy(self.tag))
+    }
+
+    /// Hands a due ack to the ledger. False when there is none or it is closed: ack now.
+    pub(crate) fn hold(&self) -> bool {
+        self.ledger
+            .as_ref()
+            .is_some_and(|l| l.hold(self.tag, &self.acker))
+    }
+
+    /// The frame settling this delivery was written (or never will be): a multiple ack
+    /// may now cover its tag.
+    pub(crate) fn done(&self) {
+        if let Some(l) = &self.ledger {
+            l.done(self.tag);
+        }
+    }
+
+    /// Calls [`Original::done`] once `written` (a nack already queued) resolves. Without a
+    /// ledger, or without a runtime to wait on, nothing waits: the tag then stays unsettled
+    /// in the ledger, and held acks above it are sent one by one.
+    pub(crate) fn done_after<F>(&self, written: F)
+    where
+        F: std::future::Future + Send + 'static,
+    {
+        let Some(ledger) = self.ledger.clone() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let tag = self.tag;
+        rt.spawn(async move {
+            written.await;
+            ledger.done(tag);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(max_acks: u16, ms: u64) -> AckCoalescing {
+        AckCoalescing::new(max_acks, Duration::from_millis(ms))
+    }
+
+    /// A ledger with `tags` registered.
+    fn state(tags: impl IntoIterator<Item = u64>) -> State<u64> {
+        let mut s = State::default();
+        for t in tags {
+            s.slots.insert(t, Slot::Busy);
+        }
+        s
+    }
+
+    fn hold(s: &mut State<u64>, tags: impl IntoIterator<Item = u64>) {
+        for t in tags {
+            assert!(s.hold(t, t, Instant::now()).is_ok(), "tag {t} held");
+        }
+    }
+
+    #[test]
+    fn a_run_stops_at_the_first_delivery_still_unsettled() {
+        let mut s = state(1..=6);
+        hold(&mut s, [1, 2, 3, 5, 6]);
+        let b = s.take(false, 8);
+        assert_eq!(b.run, Some((3, 3)), "one multiple ack on 3 covers 1..=3");
+        assert!(
+            b.singles.is_empty(),
+            "5 and 6 wait: 4 is still being handled"
+        );
+        assert_eq!(s.held, 2);
+        // 4 settles by a reject, written: 5 and 6 may now join a run.
+        s.done(4);
+        let b = s.take(false, 8);
+        assert_eq!(b.run, Some((6, 2)));
+        assert!(s.slots.is_empty());
+    }
+
+    #[test]
+    fn a_forced_flush_sends_what_cannot_join_the_run_one_by_one() {
+        let mut s = state(1..=5);
+        hold(&mut s, [2, 4, 5]);
+        let b = s.take(true, 8);
+        assert_eq!(b.run, None, "1 is still being handled");
+        assert_eq!(b.singles, [(2, 2), (4, 4), (5, 5)]);
+        assert_eq!(s.held, 0);
+        assert_eq!(s.first_held, None);
+        // Sending slots block a run until their ack is written.
+        s.slots.insert(6, Slot::Busy);
+        hold(&mut s, [6]);
+        s.done(1);
+        let b = s.take(false, 8);
+        assert_eq!(b.run, None, "2 is being written");
+        for t in [2, 4, 5] {
+            s.done(t);
+        }
+        s.done(3);
+        assert_eq!(s.take(false, 8).run, Some((6, 1)));
+    }
+
+    #[test]
+    fn a_full_batch_that_cannot_coalesce_is_sent_singly() {
+        let mut s = state(1..=4);
+        hold(&mut s, [2, 3, 4]);
+        assert_eq!(
+            s.step(Instant::now(), &cfg(3, 1000)),
+            Step::Flush { force: false }
+        );
+        let b = s.take(false, 3);
+        assert_eq!(b.run, None);
+        assert_eq!(b.singles.len(), 3, "still 3 held after the run: sent");
+        let mut s = state(1..=4);
+        hold(&mut s, [1, 2, 4]);
+        let b = s.take(false, 3);
+        assert_eq!(b.run, Some((2, 2)));
+        assert!(b.singles.is_empty(), "one left held: it waits for 3");
+    }
+
+    #[test]
+    fn the_flusher_waits_for_the_count_or_the_delay() {
+        let c = cfg(3, 50);
+        let mut s = state(1..=3);
+        assert_eq!(s.step(Instant::now(), &c), Step::Wait(None));
+        let t0 = Instant::now();
+        assert!(s.hold(1, 1, t0).is_ok());
+        assert_eq!(
+            s.step(t0, &c),
+            Step::Wait(Some(t0 + Duration::from_millis(50)))
+        );
+        assert_eq!(
+            s.step(t0 + Duration::from_millis(50), &c),
+            Step::Flush { force: true }
+        );
+        hold(&mut s, [2, 3]);
+        assert_eq!(s.step(t0, &c), Step::Flush { force: false });
+    }
+
+    #[test]
+    fn the_oldest_ack_left_held_sets_the_next_deadline() {
+        let mut s = state(1..=4);
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(3);
+        assert!(s.hold(1, 1, t0).is_ok());
+        assert!(s.hold(4, 4, t1).is_ok());
+        let b = s.take(false, 8);
+        assert_eq!(b.run, Some((1, 1)));
+        assert_eq!(s.first_held, Some(t1));
+    }
+
+    #[test]
+    fn a_closed_ledger_holds_nothing_and_flushes_what_it_has() {
+        let c = cfg(8, 1000);
+        let mut s = state(1..=3);
+        hold(&mut s, [1]);
+        s.closed = true;
+        assert_eq!(s.hold(2, 2, Instant::now()), Err(2), "ack it at once");
+        assert_eq!(s.step(Instant::now(), &c), Step::Flush { force: true });
+        assert_eq!(s.take(true, 8).run, Some((1, 1)));
+        assert_eq!(s.step(Instant::now(), &c), Step::Done);
+    }
+
+    #[test]
+    fn only_a_delivery_being_handled_can_be_held() {
+        let mut s = state([1]);
+        hold(&mut s, [1]);
+        assert_eq!(s.hold(1, 1, Instant::now()), Err(1), "held twice");
+        assert_eq!(s.hold(9, 9, Instant::now()), Err(9), "never registered");
+        // `done` never forgets a held ack: only its flush does.
+        s.done(1);
+        assert_eq!(s.held, 1);
+        assert_eq!(s.take(true, 8).run, Some((1, 1)));
+    }
+}

@@ -1,0 +1,410 @@
+//! Error kinds: a short name a handler error carries (`inventory`, `timeout`, `card`), written
+//! to the evidence headers, counted, filtered on at replay, and routed by
+//! [`RetryPolicy::on_kind`](crate::RetryPolicy::on_kind) to a policy of its own.
+//!
+//! Three ways for an error to get a kind:
+//!
+//! - ad hoc, with `?`: `charge(&p).await.kind("payments")?` ([`ResultExt::kind`]), or
+//!   [`Kinded::new`];
+//! - typed: implement [`ErrorKind`] for your error enum (a `thiserror` enum maps each
+//!   variant) and register it with
+//!   [`Subscriber::error_kind`](crate::Subscriber::error_kind);
+//! - tower's own errors: a `tower::timeout` layer's `Elapsed` is kind `timeout` (and counted
+//!   as a timeout); a `load_shed` layer's `Overloaded` is not a failure at all: the delivery
+//!   is requeued with backoff and no attempt is spent.
+//!
+//! Anything else is kind `error`.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::BoxError;
+use crate::outcome::{Classify, ErrorClass, Permanent};
+
+/// The kind of errors that say nothing of their own.
+pub const DEFAULT_KIND: &str = "error";
+
+/// A handler error with a kind of its own. Displays as the error it wraps.
+#[derive(Debug)]
+pub struct Kinded {
+    kind: Cow<'static, str>,
+    error: BoxError,
+}
+
+impl Kinded {
+    /// Gives `error` the kind `kind`.
+    pub fn new(kind: impl Into<Cow<'static, str>>, error: impl Into<BoxError>) -> Self {
+        Self {
+            kind: kind.into(),
+            error: error.into(),
+        }
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The wrapped error.
+    pub fn error(&self) -> &BoxError {
+        &self.error
+    }
+}
+
+impl fmt::Display for Kinded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl std::error::Error for Kinded {
+    // Transparent like `Permanent`: the evidence message is the wrapped error's chain.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+/// `?`-friendly kinds and permanence on any `Result` whose error converts into a
+/// [`BoxError`].
+///
+/// ```
+/// use rabbitkit_core::kind::ResultExt;
+/// # fn reserve() -> Result<(), std::io::Error> { Ok(()) }
+/// # fn run() -> Result<(), rabbitkit_core::BoxError> {
+/// reserve().kind("inventory")?;        // retried under the `inventory` policy
+/// reserve().permanent()?;              // parked at once
+/// # Ok(()) }
+/// ```
+pub trait ResultExt<T> {
+    /// Gives the error the kind `kind`.
+    fn kind(self, kind: impl Into<Cow<'static, str>>) -> Result<T, Kinded>;
+    /// Marks the error permanent: parked without retries.
+    fn permanent(self) -> Result<T, Permanent>;
+}
+
+impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
+    fn kind(self, kind: impl Into<Cow<'static, str>>) -> Result<T, Kinded> {
+        self.map_err(|e| Kinded::new(kind, e))
+    }
+
+    fn permanent(self) -> Result<T, Permanent> {
+        self.map_err(Permanent::new)
+    }
+}
+
+/// An error type that knows its kinds, registered with
+/// [`Subscriber::error_kind`](crate::Subscriber::error_kind).
+///
+/// ```
+/// use std::borrow::Cow;
+/// use rabbitkit_core::kind::ErrorKind;
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum ChargeError {
+///     #[error("out of stock")]
+///     OutOfStock,
+///     #[error("card declined")]
+///     Declined,
+/// }
+///
+/// impl ErrorKind for ChargeError {
+///     fn kind(&self) -> Cow<'static, str> {
+///         match self {
+///             ChargeError::OutOfStock => "inventory".into(),
+///             ChargeError::Declined => "card".into(),
+///         }
+///     }
+///     fn is_permanent(&self) -> bool {
+///         matches!(self, ChargeError::Declined)
+///     }
+/// }
+/// ```
+pub trait ErrorKind: std::error::Error + Send + Sync + 'static {
+    /// This error's kind.
+    fn kind(&self) -> Cow<'static, str>;
+    /// Park at once, without retries (default: no).
+    fn is_permanent(&self) -> bool {
+        false
+    }
+}
+
+/// The errors of `error`'s chain, looking inside rabbitkit's transparent wrappers
+/// ([`Permanent`], [`Kinded`]), whose `source` skips the wrapped error itself.
+pub(crate) fn chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    let mut next = Some(error);
+    // A chain is finite for every real error; the bound keeps a cyclic `source` from
+    // looping (a classifier runs on every failure).
+    std::iter::from_fn(move || {
+        let cur = next?;
+        next = if let Some(p) = cur.downcast_ref::<Permanent>() {
+            Some(p.0.as_ref())
+        } else if let Some(k) = cur.downcast_ref::<Kinded>() {
+            Some(k.error.as_ref())
+        } else {
+            cur.source()
+        };
+        Some(cur)
+    })
+    .take(64)
+}
+
+/// The kind of `error` as the default classifier sees it: the first [`Kinded`] in its
+/// chain, `timeout` for tower's `Elapsed`, else [`DEFAULT_KIND`].
+pub(crate) fn default_kind(error: &BoxError) -> Cow<'static, str> {
+    for e in chain(error.as_ref()) {
+        if let Some(k) = e.downcast_ref::<Kinded>() {
+            return k.kind.clone();
+        }
+        if e.is::<tower::timeout::error::Elapsed>() {
+            return Cow::Borrowed("timeout");
+        }
+    }
+    Cow::Borrowed(DEFAULT_KIND)
+}
+
+/// Whether `error` is tower's load-shedding refusal: the service had no capacity, the
+/// handler never ran.
+pub(crate) fn is_overloaded(error: &BoxError) -> bool {
+    chain(error.as_ref()).any(|e| e.is::<tower::load_shed::error::Overloaded>())
+}
+
+/// Whether `error` is a tower `timeout` layer's `Elapsed`.
+pub(crate) fn is_elapsed(error: &BoxError) -> bool {
+    chain(error.as_ref()).any(|e| e.is::<tower::timeout::error::Elapsed>())
+}
+
+/// A classifier that knows the kinds of `E` and defers to `inner` for everything else.
+pub(crate) struct KindsOf<E> {
+    pub(crate) inner: std::sync::Arc<dyn Classify>,
+    pub(crate) _e: PhantomData<fn() -> E>,
+}
+
+impl<E: ErrorKind> KindsOf<E> {
+    fn find(error: &BoxError) -> Option<&E> {
+        chain(error.as_ref()).find_map(|e| e.downcast_ref::<E>())
+    }
+}
+
+impl<E: ErrorKind> Classify for KindsOf<E> {
+    fn classify(&self, error: &BoxError) -> ErrorClass {
+        match Self::find(error) {
+            Some(e) if e.is_permanent() => ErrorClass::Permanent,
+            _ => self.inner.classify(error),
+        }
+    }
+
+    fn kind(&self, error: &BoxError) -> Cow<'static, str> {
+        match Self::find(error) {
+            Some(e) => e.kind(),
+            None => self.inner.kind(error),
+        }
+    }
+}
+
+/// What the [`RetryPolicy`](crate::RetryPolicy) does with failures of one kind.
+///
+/// In TOML, under a subscriber's retry table:
+///
+/// ```toml
+/// [subscribers.retry.kinds.inventory]   # its own schedule and limit
+/// tiers = ["30s", "5m"]
+/// max-attempts = 10
+///
+/// [subscribers.retry.kinds.validation]  # straight to parking
+/// park = true
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KindPolicy {
+    /// Park at once (reason `permanent`): no retry for this kind.
+    #[serde(default)]
+    pub park: bool,
+    /// This kind's delay tiers (default: the policy's).
+    #[serde(default, deserialize_with = "de_opt_durations")]
+    pub tiers: Option<Vec<Duration>>,
+    /// This kind's attempt limit (default: the policy's).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+}
+
+impl KindPolicy {
+    /// Failures of this kind are parked at once.
+    pub fn park() -> Self {
+        Self {
+            park: true,
+            ..Self::default()
+        }
+    }
+
+    /// Failures of this kind are retried through these tiers.
+    pub fn tiers(tiers: impl IntoIterator<Item = Duration>) -> Self {
+        Self {
+            tiers: Some(tiers.into_iter().collect()),
+            ..Self::default()
+        }
+    }
+
+    /// Failures of this kind are parked after `n` attempts.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+}
+
+fn de_opt_durations<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<Duration>>, D::Error> {
+    let raw: Vec<String> = Vec::deserialize(d)?;
+    raw.iter()
+        .map(|s| humantime::parse_duration(s).map_err(serde::de::Error::custom))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Checks the per-kind policies: a kind is a short name, `park` excludes a schedule, and
+/// limits are at least 1.
+pub(crate) fn validate(kinds: &BTreeMap<String, KindPolicy>) -> crate::Result<()> {
+    for (kind, p) in kinds {
+        let named = |what: &str| crate::Error::Config(format!("retry kind {kind:?}: {what}"));
+        if kind.is_empty()
+            || kind.len() > 64
+            || !kind
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return Err(named(
+                "a kind is 1-64 characters of letters, digits, '-', '_' or '.'",
+            ));
+        }
+        if p.park && (p.tiers.is_some() || p.max_attempts.is_some()) {
+            return Err(named(
+                "`park` parks at once: it takes no tiers or max-attempts",
+            ));
+        }
+        if !p.park && p.tiers.is_none() && p.max_attempts.is_none() {
+            return Err(named(
+                "says nothing: give `park`, `tiers` or `max-attempts`",
+            ));
+        }
+        if p.max_attempts == Some(0) {
+            return Err(named("max-attempts must be at least 1"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Shop {
+        #[error("out of stock")]
+        Stock,
+        #[error("declined")]
+        Declined,
+    }
+
+    impl ErrorKind for Shop {
+        fn kind(&self) -> Cow<'static, str> {
+            match self {
+                Shop::Stock => "inventory".into(),
+                Shop::Declined => "card".into(),
+            }
+        }
+        fn is_permanent(&self) -> bool {
+            matches!(self, Shop::Declined)
+        }
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Kinded);
+
+    fn kinds() -> KindsOf<Shop> {
+        KindsOf {
+            inner: std::sync::Arc::new(crate::outcome::DefaultClassifier),
+            _e: PhantomData,
+        }
+    }
+
+    #[test]
+    fn kinded_errors_and_tower_elapsed_have_their_kind() {
+        let e: BoxError = Box::new(Kinded::new("inventory", "no stock"));
+        assert_eq!(default_kind(&e), "inventory");
+        assert_eq!(e.to_string(), "no stock");
+        let nested: BoxError = Box::new(Outer(Kinded::new("deep", "x")));
+        assert_eq!(default_kind(&nested), "deep");
+        let inside_permanent: BoxError = Box::new(Permanent::new(Kinded::new("card", "no")));
+        assert_eq!(default_kind(&inside_permanent), "card");
+        let elapsed: BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(default_kind(&elapsed), "timeout");
+        assert!(is_elapsed(&elapsed));
+        let plain: BoxError = "db down".into();
+        assert_eq!(default_kind(&plain), DEFAULT_KIND);
+        let shed: BoxError = Box::new(tower::load_shed::error::Overloaded::new());
+        assert!(is_overloaded(&shed) && !is_overloaded(&plain));
+    }
+
+    #[test]
+    fn result_ext_gives_kinds_and_permanence_with_the_question_mark() {
+        let r: Result<(), std::io::Error> = Err(std::io::Error::other("boom"));
+        let e: BoxError = r
+            .kind("io")
+            .err()
+            .map(Into::into)
+            .unwrap_or_else(|| "".into());
+        assert_eq!(default_kind(&e), "io");
+        let r: Result<(), &str> = Err("bad");
+        let e: BoxError = r
+            .permanent()
+            .err()
+            .map(Into::into)
+            .unwrap_or_else(|| "".into());
+        let c = crate::outcome::DefaultClassifier;
+        assert_eq!(c.classify(&e), ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn typed_kinds_name_each_variant_and_may_be_permanent() {
+        let c = kinds();
+        let stock: BoxError = Box::new(Shop::Stock);
+        assert_eq!(c.kind(&stock), "inventory");
+        assert_eq!(c.classify(&stock), ErrorClass::Retryable);
+        let declined: BoxError = Box::new(Shop::Declined);
+        assert_eq!(c.kind(&declined), "card");
+        assert_eq!(c.classify(&declined), ErrorClass::Permanent);
+        let other: BoxError = Box::new(Kinded::new("net", "reset"));
+        assert_eq!(
+            c.kind(&other),
+            "net",
+            "others keep the inner classifier's kind"
+        );
+    }
+
+    #[test]
+    fn kind_policies_are_checked() {
+        let one = |k: &str, p: KindPolicy| BTreeMap::from([(k.to_owned(), p)]);
+        assert!(validate(&one("inventory", KindPolicy::park())).is_ok());
+        assert!(
+            validate(&one(
+                "inventory",
+                KindPolicy::tiers([Duration::from_secs(1)])
+            ))
+            .is_ok()
+        );
+        assert!(validate(&one("", KindPolicy::park())).is_err());
+        assert!(validate(&one("a b", KindPolicy::park())).is_err());
+        assert!(validate(&one("x", KindPolicy::default())).is_err());
+        assert!(validate(&one("x", KindPolicy::park().max_attempts(2))).is_err());
+        assert!(validate(&one("x", KindPolicy::default().max_attempts(0))).is_err());
+    }
+}
