@@ -277,8 +277,18 @@ fn retry_or_park(
                 headers::RETRY_TIER.into(),
                 long_string(&retry::tier_label(tier)),
             );
+            // The tier's delay also as the copy's own expiration: the copy leaves the tier
+            // on time even where the broker loses the queue's `x-message-ttl` (measured: a
+            // RabbitMQ 3.10 quorum tier recovered from a `kill -9` without it, and its
+            // copies stayed for ever). The broker removes `expiration` when it dead-letters
+            // the copy, so the message does not expire in the work queue.
+            let tier_copy = copy(d, retry::retry_exchange(&spec.queue), tier_queue, h);
+            let p = tier_copy
+                .basic_properties()
+                .clone()
+                .with_expiration(tier.as_millis().to_string().into());
             Decision::Republish {
-                copy: copy(d, retry::retry_exchange(&spec.queue), tier_queue, h),
+                copy: tier_copy.properties(p),
                 kind: CopyKind::Retry { tier, next_attempt },
                 failure,
             }
@@ -344,7 +354,8 @@ fn evidence(spec: &SettleSpec, d: &Delivery, failure: &Failure) -> FieldTable {
     h
 }
 
-/// A persistent copy with the original's identifying properties and no expiration.
+/// A persistent copy with the original's identifying properties and no expiration (a retry
+/// copy gets its tier's).
 fn copy(d: &Delivery, exchange: String, routing_key: String, headers: FieldTable) -> Envelope {
     let o = d.properties();
     let mut p = BasicProperties::default()
@@ -481,7 +492,11 @@ mod tests {
         let p = copy.basic_properties();
         assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
         assert_eq!(*p.delivery_mode(), Some(2));
-        assert!(p.expiration().is_none(), "expiration must be cleared");
+        assert_eq!(
+            p.expiration().as_ref().map(|s| s.as_str()),
+            Some("5000"),
+            "the original's expiration is replaced by the tier's delay"
+        );
     }
 
     #[test]

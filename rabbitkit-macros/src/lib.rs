@@ -13,7 +13,7 @@ use syn::{Expr, ExprArray, ExprLit, FnArg, ItemFn, Lit, LitStr, Path, Type};
 
 /// Turns an `async fn` handler into a subscriber a worker can register.
 ///
-/// ```ignore
+/// ```text
 /// #[subscriber(queue = "orders", exchange = "shop", routing_key = "order.*",
 ///              retry = ["1s", "30s"], max_attempts = 4, prefetch = 50)]
 /// async fn handle_order(Json(order): Json<Order>) -> Result<(), BoxError> { Ok(()) }

@@ -141,6 +141,14 @@ impl Broker {
         self.run_ctl(args).status.success()
     }
 
+    /// Runs rabbitmqctl against this node: its output, `None` when it fails.
+    pub fn try_ctl_output(&self, args: &[&str]) -> Option<String> {
+        let out = self.run_ctl(args);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// `scripts/broker ctl` (or `cluster ctl N`) for this node with `args`.
     fn run_ctl(&self, args: &[&str]) -> std::process::Output {
         let inst = self.instance.to_string();

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use lapin::types::AMQPValue;
+use lapin::types::{AMQPValue, FieldTable};
 use rabbitkit_core::extract::Body;
 use rabbitkit_core::headers::{self, Attempt};
 use rabbitkit_core::topology::MigratedTier;
@@ -116,6 +116,77 @@ async fn classic_tiers_are_an_opt_in_under_their_classic_names() {
     .await;
     w.shutdown().await;
     assert_eq!(*seen.lock().unwrap(), [1, 2]);
+}
+
+/// The retry copy carries its tier's delay as its own `expiration` too (a tier that lost
+/// its `x-message-ttl` still lets it go on time), and the broker takes it off when it
+/// dead-letters the copy: the retried message cannot expire in the work queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_copies_expire_on_their_own_and_arrive_without_an_expiration() {
+    for tier_type in [QueueType::Quorum, QueueType::Classic] {
+        let vh = Broker::from_env().vhost("tiers-expiration");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let sub = Subscriber::new("orders", move |d: rabbitkit_core::Delivery| {
+            let seen = s2.clone();
+            async move {
+                let n = d.attempt().number;
+                let expiration = d.properties().expiration().as_ref().map(|e| e.to_string());
+                seen.lock().unwrap().push((n, expiration));
+                if n == 1 {
+                    Err::<(), BoxError>("once".into())
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .tier_queue_type(tier_type)
+        .retry(RetryPolicy::new([Duration::from_millis(300)]));
+        let w = vh.start_worker(sub).await;
+        vh.publish_raw("", "orders", b"{}", BasicProperties::default())
+            .await;
+        wait_until(WAIT, "retried through the tier", || async {
+            seen.lock().unwrap().len() >= 2
+        })
+        .await;
+        w.shutdown().await;
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(1, None), (2, None)],
+            "{tier_type:?}: the retried delivery has no expiration"
+        );
+    }
+    // The broker side of it: a quorum queue without `x-message-ttl` dead-letters a copy
+    // whose own expiration passed, at least once, and without the expiration.
+    let vh = Broker::from_env().vhost("tiers-message-ttl");
+    vh.declare_queue("target", FieldTable::default()).await;
+    vh.declare_queue(
+        "tier-without-ttl",
+        table(&[
+            ("x-queue-type", ls("quorum")),
+            ("x-dead-letter-exchange", ls("")),
+            ("x-dead-letter-routing-key", ls("target")),
+            ("x-dead-letter-strategy", ls("at-least-once")),
+            ("x-overflow", ls("reject-publish")),
+        ]),
+    )
+    .await;
+    vh.publish_raw(
+        "",
+        "tier-without-ttl",
+        b"copy",
+        BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_expiration("200".into()),
+    )
+    .await;
+    wait_until(WAIT, "the copy expired into the target", || async {
+        vh.depth("target").await == 1
+    })
+    .await;
+    let got = vh.get_all("target", 1).await;
+    assert_eq!(got[0].body, b"copy");
+    assert!(got[0].properties.expiration().is_none(), "{got:?}");
 }
 
 /// Declares the topology of an earlier release (classic tiers `{q}.retry.{delay}`) for

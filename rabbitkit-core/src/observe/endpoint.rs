@@ -153,7 +153,7 @@ pub(crate) type Ready = Arc<dyn Fn() -> bool + Send + Sync>;
 /// `GET /metrics`, `/healthz` and `/readyz` of one worker as a `tower::Service` over
 /// `http::Request`s, to mount into an axum or hyper server of your own:
 ///
-/// ```ignore
+/// ```text
 /// let ops = handle.http_service();
 /// let app = axum::Router::new()
 ///     .route_service("/metrics", ops.clone())
