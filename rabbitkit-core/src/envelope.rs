@@ -270,6 +270,54 @@ fn bad_float(name: &str) -> Result<()> {
     })
 }
 
+/// `p` without its `expiration`, every other property kept. A copy that is parked, or
+/// replayed into a work queue, must not expire there: a retry copy carries its tier's delay
+/// as its expiration, and the parking queue has no dead-letter target, so an expiring
+/// parked copy would be dropped by the broker.
+pub(crate) fn without_expiration(p: &BasicProperties) -> BasicProperties {
+    let mut out = BasicProperties::default();
+    if let Some(v) = p.content_type() {
+        out = out.with_content_type(v.clone());
+    }
+    if let Some(v) = p.content_encoding() {
+        out = out.with_content_encoding(v.clone());
+    }
+    if let Some(v) = p.headers() {
+        out = out.with_headers(v.clone());
+    }
+    if let Some(v) = p.delivery_mode() {
+        out = out.with_delivery_mode(*v);
+    }
+    if let Some(v) = p.priority() {
+        out = out.with_priority(*v);
+    }
+    if let Some(v) = p.correlation_id() {
+        out = out.with_correlation_id(v.clone());
+    }
+    if let Some(v) = p.reply_to() {
+        out = out.with_reply_to(v.clone());
+    }
+    if let Some(v) = p.message_id() {
+        out = out.with_message_id(v.clone());
+    }
+    if let Some(v) = p.timestamp() {
+        out = out.with_timestamp(*v);
+    }
+    if let Some(v) = p.kind() {
+        out = out.with_type(v.clone());
+    }
+    if let Some(v) = p.user_id() {
+        out = out.with_user_id(v.clone());
+    }
+    if let Some(v) = p.app_id() {
+        out = out.with_app_id(v.clone());
+    }
+    if let Some(v) = p.cluster_id() {
+        out = out.with_cluster_id(v.clone());
+    }
+    out
+}
+
 /// An upper estimate of the encoded size of the properties, in bytes.
 pub(crate) fn properties_size(p: &BasicProperties) -> usize {
     let shorts = [

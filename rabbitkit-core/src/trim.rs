@@ -70,7 +70,7 @@ pub(crate) fn parking_copy(
             bytes::Bytes::new()
         };
         let trimmed = Envelope::new(String::new(), crate::retry::parking_queue(&queue), body)
-            .properties(props.clone().with_headers(h));
+            .properties(crate::envelope::without_expiration(props).with_headers(h));
         if fits(&trimmed) {
             return Some(trimmed);
         }
@@ -100,9 +100,11 @@ mod tests {
         h.insert(headers::SOURCE_QUEUE.into(), long_string("orders"));
         h.insert(headers::RETRY_TIER.into(), long_string("5s"));
         h.insert("user".into(), long_string(&"u".repeat(big_header)));
+        // A retry copy: it carries its tier's delay as its expiration.
         Envelope::new("orders.retry", "orders.retry.5s", vec![7u8; body]).properties(
             BasicProperties::default()
                 .with_message_id("m-1".into())
+                .with_expiration("5000".into())
                 .with_headers(h),
         )
     }
@@ -133,6 +135,12 @@ mod tests {
         assert!(h(&t, headers::BODY_DIGEST).is_some());
         assert!(h(&t, "user").is_some(), "headers that fit are kept");
         assert_eq!(h(&t, headers::RETRY_TIER), None);
+        let p = t.basic_properties();
+        assert!(
+            p.expiration().is_none(),
+            "a parked copy must not expire in the parking queue"
+        );
+        assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
         assert_eq!(
             h(&t, headers::PARK_REASON),
             Some(&long_string("unpublishable"))

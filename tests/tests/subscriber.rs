@@ -895,6 +895,60 @@ async fn a_copy_whose_body_is_over_max_body_parks_the_whole_message_without_a_lo
     assert!(m.header("x-death").is_some(), "dead-lettered by the broker");
 }
 
+/// A retry copy whose properties go over the publisher's budget once the evidence headers
+/// are added can never be published: a trimmed copy is parked instead. The retry copy
+/// carried its tier's delay as its expiration; the parked copy must not, or it would expire
+/// in the parking queue (which has no dead-letter target) and the message would be gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unpublishable_retry_copy_is_parked_trimmed_and_stays_parked() {
+    let vh = Broker::from_env().vhost("sub-trimmed");
+    let sub = Subscriber::new("orders", || async {
+        Err::<(), BoxError>("downstream timed out".into())
+    })
+    .retry(RetryPolicy::new([Duration::from_millis(200)]));
+    let w = vh.start_worker(sub).await;
+    // Fits the broker's frame and the publisher's 120 KiB budget on its own; not with the
+    // evidence headers on top.
+    let big = table(&[(
+        "big",
+        AMQPValue::LongString("b".repeat(120 * 1024 - 200).into()),
+    )]);
+    vh.publish_raw(
+        "",
+        "orders",
+        b"{}",
+        BasicProperties::default()
+            .with_message_id("m-big".into())
+            .with_headers(big),
+    )
+    .await;
+    wait_until(WAIT, "the trimmed copy parked", || async {
+        vh.depth("orders.parking").await == 1
+    })
+    .await;
+    // Five times the tier's delay: an expiring copy would be gone by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let st = w.shutdown().await.subscribers["orders"];
+    assert_eq!((st.parked, st.retried, st.requeued), (1, 0, 0), "{st:?}");
+    assert_eq!(vh.depth("orders").await, 0);
+    let parked = vh.get_all("orders.parking", 2).await;
+    assert_eq!(parked.len(), 1, "the parked copy is still there");
+    let m = &parked[0];
+    assert!(m.properties.expiration().is_none(), "{:?}", m.properties);
+    assert_eq!(
+        m.header_str(headers::PARK_REASON).as_deref(),
+        Some("unpublishable")
+    );
+    assert!(
+        m.header("big").is_none(),
+        "the oversized header was dropped"
+    );
+    assert_eq!(
+        m.properties.message_id().as_ref().map(|s| s.as_str()),
+        Some("m-big")
+    );
+}
+
 /// The original's channel died while the handler ran: its copy is not published (the
 /// broker redelivers the original, which does the work again); publishing it anyway would
 /// leave a copy and a redelivery, a sure duplicate.

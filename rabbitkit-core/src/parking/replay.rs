@@ -177,9 +177,9 @@ impl Parking {
             if let Some(pace) = pace.as_mut() {
                 pace.tick().await;
             }
-            let props = parked
-                .properties
-                .clone()
+            // Never an expiration into the work queue (a parked message has none; this
+            // also holds for one parked by hand with one).
+            let props = crate::envelope::without_expiration(&parked.properties)
                 .with_headers(parked.replay_headers());
             let copy = Envelope::new("", self.work_queue.as_str(), parked.body.clone())
                 .properties(props)

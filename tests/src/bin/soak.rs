@@ -85,8 +85,11 @@ fn elect_leaderless(broker: &Broker, vhost: &str, queues: &[String]) -> Vec<Stri
             let was = role(q).unwrap_or_else(|| "unknown".into());
             let expr = format!("ra:trigger_election({{'{vhost}_{q}', node()}}).");
             let _ = broker.try_ctl(&["eval", &expr]);
+            std::thread::sleep(Duration::from_secs(2));
+            let now = role(q).unwrap_or_else(|| "unknown".into());
             format!(
-                "quorum queue {q} was still a {was} 30 s after the node restart; election triggered"
+                "quorum queue {q} was still a {was} 30 s after the node restart; \
+                 election triggered, now {now}"
             )
         })
         .collect()
@@ -235,7 +238,14 @@ async fn main() {
                         broker.kill9();
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         let _ = Broker::private(instance);
-                        broker_faults = elect_leaderless(&broker, &vh.name, &quorum_queues);
+                        // Off the runtime: publishing goes on while it waits.
+                        let (b, name, queues) =
+                            (broker.clone(), vh.name.clone(), quorum_queues.clone());
+                        broker_faults = tokio::task::spawn_blocking(move || {
+                            elect_leaderless(&b, &name, &queues)
+                        })
+                        .await
+                        .expect("leader check");
                     }
                 }
                 println!("  t={:>5.1}s node back", started.elapsed().as_secs_f64());
