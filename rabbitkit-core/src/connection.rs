@@ -135,6 +135,17 @@ pub fn split_url_list(list: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether a parsed URL is `amqps://` (in any case).
+fn is_amqps(uri: &AMQPUri) -> bool {
+    uri.scheme == lapin::uri::AMQPScheme::AMQPS
+}
+
+/// Whether `url` starts with the `amqps` scheme, in any case (`AMQPS://` too).
+pub(crate) fn has_amqps_scheme(url: &str) -> bool {
+    url.get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("amqps://"))
+}
+
 /// Parses every URL and checks that they name one vhost; the reason never holds a URL.
 fn check_urls(urls: &[String]) -> std::result::Result<Vec<AMQPUri>, String> {
     if urls.is_empty() {
@@ -210,19 +221,40 @@ impl ConnectionConfig {
     /// node's URL parsed. The error never contains a URL (passwords).
     pub fn validate(&self) -> Result<AMQPUri> {
         let mut parsed = check_urls(&self.urls).map_err(|reason| Error::InvalidUrl { reason })?;
-        if !cfg!(feature = "tls") && self.urls.iter().any(|u| u.starts_with("amqps://")) {
+        // The parsed scheme, not the text: `AMQPS://` is TLS too.
+        let amqps: Vec<bool> = parsed.iter().map(is_amqps).collect();
+        if !cfg!(feature = "tls") && amqps.iter().any(|t| *t) {
             return Err(Error::InvalidUrl {
                 reason: "amqps:// needs rabbitkit's `tls` feature".into(),
             });
         }
+        if amqps.iter().any(|t| *t)
+            && let Some(i) = amqps.iter().position(|t| !*t)
+        {
+            return Err(Error::InvalidUrl {
+                reason: format!(
+                    "node {} is amqp:// among amqps:// nodes: a failover to it would send \
+                     the password in clear",
+                    i + 1
+                ),
+            });
+        }
         if let Some(tls) = &self.tls {
             tls.check().map_err(Error::Config)?;
-            if let Some(i) = self.urls.iter().position(|u| !u.starts_with("amqps://")) {
+            if let Some(i) = amqps.iter().position(|t| !*t) {
                 return Err(Error::Config(format!(
                     "TLS settings need amqps:// URLs; node {} is not",
                     i + 1
                 )));
             }
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(Error::Config("connect-timeout must be above 0".into()));
+        }
+        if self.max_backoff.is_zero() {
+            return Err(Error::Config(
+                "max-backoff must be above 0 (reconnects would spin)".into(),
+            ));
         }
         Ok(parsed.swap_remove(0))
     }
@@ -353,7 +385,7 @@ impl Connector {
             .map(|(url, uri)| Node {
                 url: cfg.with_options(url),
                 addr: format!("{}:{}", uri.authority.host, uri.authority.port).into(),
-                tls: url.starts_with("amqps://"),
+                tls: is_amqps(&uri),
             })
             .collect();
         // Read once, here: a bad file stops the start with its name, and no reconnect
@@ -611,6 +643,31 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn plaintext_nodes_among_tls_nodes_and_zero_timings_are_refused() {
+        // With the `tls` feature the mix is refused for what it is; without it, any
+        // amqps:// node is refused first. Either way, no start.
+        let mixed = ConnectionConfig::nodes(["amqps://a:pw@h1/v", "AMQP://a:pw@h2/v"]).validate();
+        let Err(Error::InvalidUrl { reason }) = mixed else {
+            panic!("expected InvalidUrl, got {mixed:?}");
+        };
+        assert!(!reason.contains("pw"), "{reason}");
+        if cfg!(feature = "tls") {
+            assert!(reason.contains("node 2"), "{reason}");
+        }
+        // The scheme is case-insensitive: `AMQPS://` is TLS too.
+        if !cfg!(feature = "tls") {
+            let upper = ConnectionConfig::new("AMQPS://a:pw@h1/v").validate();
+            assert!(matches!(upper, Err(Error::InvalidUrl { .. })), "{upper:?}");
+        }
+        let mut c = ConnectionConfig::new("amqp://a:pw@h1/v");
+        c.max_backoff = Duration::ZERO;
+        assert!(matches!(c.validate(), Err(Error::Config(_))));
+        let mut c = ConnectionConfig::new("amqp://a:pw@h1/v");
+        c.connect_timeout = Duration::ZERO;
+        assert!(matches!(c.validate(), Err(Error::Config(_))));
     }
 
     #[test]

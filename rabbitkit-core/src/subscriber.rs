@@ -327,6 +327,12 @@ impl Subscriber {
     /// Checks names, retry policy and topology without a broker.
     pub fn validate(&self) -> crate::Result<()> {
         self.retry.validate()?;
+        if self.deadline.is_some_and(|d| d.is_zero()) {
+            return Err(crate::Error::Config(format!(
+                "subscriber {:?}: the handler deadline must be above 0 (every run would time out)",
+                self.name
+            )));
+        }
         if let Some(ct) = self.consumer_timeout {
             if ct.as_millis() == 0 || ct.as_millis() > i64::MAX as u128 {
                 return Err(crate::Error::Config(format!(
@@ -418,5 +424,44 @@ pub trait IntoSubscriber {
 impl IntoSubscriber for Subscriber {
     fn into_subscriber(self) -> Subscriber {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_deadline_is_refused_before_start() {
+        let s = Subscriber::new("orders", || async { Ok::<(), crate::BoxError>(()) })
+            .deadline(Duration::ZERO);
+        assert!(
+            matches!(s.validate(), Err(crate::Error::Config(m)) if m.contains("deadline")),
+            "a zero deadline times out every run"
+        );
+        let ok = Subscriber::new("orders", || async { Ok::<(), crate::BoxError>(()) })
+            .deadline(Duration::from_millis(1));
+        assert!(ok.validate().is_ok());
+    }
+
+    #[test]
+    fn a_publisher_that_would_time_out_or_refuse_every_copy_is_refused() {
+        let conn = || crate::ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f");
+        let zero_timeout = crate::PublisherConfig {
+            confirm_timeout: Duration::ZERO,
+            ..Default::default()
+        };
+        assert!(matches!(
+            crate::Publisher::new(conn(), zero_timeout),
+            Err(crate::Error::Config(_))
+        ));
+        let zero_body = crate::PublisherConfig {
+            max_body: 0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            crate::Publisher::new(conn(), zero_body),
+            Err(crate::Error::Config(_))
+        ));
     }
 }

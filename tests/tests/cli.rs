@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lapin::BasicProperties;
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use rabbitkit::cli::{EXIT_FAILED, EXIT_OK, EXIT_USAGE};
 use rabbitkit_core::delivery::Delivery;
 use rabbitkit_core::extract::Body;
@@ -16,7 +16,7 @@ use rabbitkit_core::headers;
 use rabbitkit_core::idempotency::{IdempotentLayer, MemoryStore};
 use rabbitkit_core::subscriber::BoxDeliveryService;
 use rabbitkit_core::{Failure, Outcome, RetryPolicy, Subscriber};
-use rabbitkit_tests::{Broker, Got, Vhost, counting_handler, wait_until};
+use rabbitkit_tests::{Broker, Got, Vhost, counting_handler, table, wait_until};
 use tower::ServiceExt;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -369,7 +369,7 @@ async fn replay_leaves_messages_parked_from_another_work_queue() {
     let mut h = FieldTable::default();
     h.insert(
         headers::SOURCE_QUEUE.into(),
-        lapin::types::AMQPValue::LongString("billing".into()),
+        AMQPValue::LongString("billing".into()),
     );
     let props = BasicProperties::default()
         .with_message_id("b-1".into())
@@ -502,7 +502,7 @@ async fn topology_migrate_moves_classic_tiers_into_quorum_tiers_and_deletes_them
             .with_message_id("m-1".into())
             .with_headers(rabbitkit_tests::table(&[(
                 headers::ATTEMPT,
-                lapin::types::AMQPValue::LongLongInt(2),
+                AMQPValue::LongLongInt(2),
             )]))
     };
     for _ in 0..3 {
@@ -830,13 +830,15 @@ queue = "shipping"
     // tier of a subscriber whose schedule the file does not give.
     let r = cli(&vh, &["topology", "apply", "payments", "--config", &path]).await;
     assert_eq!(r.code, EXIT_OK, "{r:?}");
-    for q in [
-        "payments.delay.5s",
-        "payments.retry.30s",
-        "payments.audit",
-        "shipping.delay.7s",
-    ] {
+    for q in ["payments.retry.30s", "payments.audit", "shipping.delay.7s"] {
         vh.declare_queue(q, FieldTable::default()).await;
+    }
+    // Dropped delays of a quorum schedule: quorum tiers bound to the retry exchange, one
+    // empty (5s), one holding a copy (10s). RabbitMQ refuses `if-empty` for quorum queues.
+    let quorum = || table(&[("x-queue-type", AMQPValue::LongString("quorum".into()))]);
+    for q in ["payments.delay.5s", "payments.delay.10s"] {
+        vh.declare_queue(q, quorum()).await;
+        vh.bind("payments.retry", q, q).await;
     }
     vh.publish_raw(
         "",
@@ -845,17 +847,32 @@ queue = "shipping"
         BasicProperties::default(),
     )
     .await;
-    wait_until(WAIT, "the management API sees the message", || async {
-        let (_, body) = rabbitkit_tests::http(
-            &mgmt,
-            "GET",
-            &format!("/api/queues/{}/payments.retry.30s", vh.name),
-            None,
-        );
-        serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["messages"].as_u64())
-            == Some(1)
+    vh.publish_raw(
+        "payments.retry",
+        "payments.delay.10s",
+        b"waiting too",
+        BasicProperties::default(),
+    )
+    .await;
+    wait_until(WAIT, "the management API counts the tiers", || async {
+        [
+            ("payments.retry.30s", 1),
+            ("payments.delay.10s", 1),
+            ("payments.delay.5s", 0),
+        ]
+        .iter()
+        .all(|(q, n)| {
+            let (_, body) = rabbitkit_tests::http(
+                &mgmt,
+                "GET",
+                &format!("/api/queues/{}/{q}", vh.name),
+                None,
+            );
+            serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["messages"].as_u64())
+                == Some(*n)
+        })
     })
     .await;
     let prune = |extra: &'static [&'static str]| {
@@ -905,6 +922,7 @@ queue = "shipping"
     assert_eq!(
         names,
         [
+            ("payments.delay.10s".to_owned(), "unused".into()),
             ("payments.delay.5s".to_owned(), "unused".into()),
             ("payments.retry.30s".to_owned(), "unused".into())
         ]
@@ -916,12 +934,30 @@ queue = "shipping"
     assert_eq!(r.code, EXIT_FAILED, "{r:?}");
     assert!(r.out.contains("deleted    payments.delay.5s"), "{r:?}");
     assert!(r.out.contains("KEPT       payments.retry.30s"), "{r:?}");
+    assert!(r.out.contains("KEPT       payments.delay.10s"), "{r:?}");
     assert_eq!(vh.try_depth("payments.delay.5s").await, None);
     assert_eq!(
         vh.depth("payments.retry.30s").await,
         1,
         "the message is still there"
     );
+    assert_eq!(
+        vh.depth("payments.delay.10s").await,
+        1,
+        "the copy is still there"
+    );
+    // Bound again: a copy routed to it still arrives.
+    vh.publish_raw(
+        "payments.retry",
+        "payments.delay.10s",
+        b"routed after the prune",
+        BasicProperties::default(),
+    )
+    .await;
+    wait_until(WAIT, "the kept quorum tier is bound again", || async {
+        vh.depth("payments.delay.10s").await == 2
+    })
+    .await;
     for in_use in [
         "payments.delay.1s",
         "payments.delay.30s",
@@ -929,12 +965,15 @@ queue = "shipping"
     ] {
         assert!(vh.try_depth(in_use).await.is_some(), "{in_use} deleted");
     }
-    // Once it drained, it goes too.
+    // Once they drained, they go too.
     vh.purge("payments.retry.30s").await;
+    vh.purge("payments.delay.10s").await;
     let r = prune(&["payments", "--yes"]).await;
     assert_eq!(r.code, EXIT_OK, "{r:?}");
     assert!(r.out.contains("deleted    payments.retry.30s"), "{r:?}");
+    assert!(r.out.contains("deleted    payments.delay.10s"), "{r:?}");
     assert_eq!(vh.try_depth("payments.retry.30s").await, None);
+    assert_eq!(vh.try_depth("payments.delay.10s").await, None);
 
     // A management API that refuses the user is an error, not an empty list.
     let bad = mgmt.replace("http://", "http://nobody:wrong@");

@@ -123,7 +123,7 @@ impl ConnectionSection {
         let amqps = self
             .urls
             .iter()
-            .filter(|u| u.starts_with("amqps://"))
+            .filter(|u| crate::connection::has_amqps_scheme(u))
             .count();
         match (&self.tls, amqps) {
             (Some(_), n) if n < self.urls.len() => Err("TLS needs amqps:// URLs".into()),
@@ -282,6 +282,27 @@ impl WorkerConfig {
         if self.publisher.channels == 0 {
             return Err(("publisher.channels".into(), "must be at least 1".into()));
         }
+        if self.publisher.confirm_timeout.is_zero() {
+            return Err((
+                "publisher.confirm-timeout".into(),
+                "must be above 0 (every copy would time out)".into(),
+            ));
+        }
+        if self.publisher.max_body == 0 {
+            return Err(("publisher.max-body".into(), "must be at least 1".into()));
+        }
+        if self.connection.connect_timeout.is_zero() {
+            return Err((
+                "connection.connect-timeout".into(),
+                "must be above 0".into(),
+            ));
+        }
+        if self.connection.max_backoff.is_zero() {
+            return Err((
+                "connection.max-backoff".into(),
+                "must be above 0 (reconnects would spin)".into(),
+            ));
+        }
         if self.subscribers.is_empty() {
             return Err((
                 "subscribers".into(),
@@ -298,6 +319,12 @@ impl WorkerConfig {
                         "two subscribers are named {:?} (the name defaults to the queue)",
                         s.display_name()
                     ),
+                ));
+            }
+            if s.deadline.is_some_and(|d| d.is_zero()) {
+                return Err((
+                    at("deadline"),
+                    "must be above 0 (every handler run would time out)".into(),
                 ));
             }
             if let Some(c) = &s.ack_coalescing {

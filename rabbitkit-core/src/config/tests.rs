@@ -708,3 +708,31 @@ fn rabbitkit_url_may_list_several_nodes() {
         "{err}"
     );
 }
+
+#[test]
+fn zero_durations_and_a_zero_max_body_are_refused_with_their_key() {
+    let conn = |extra: &str| {
+        format!(
+            "[connection]\nurl = \"amqp://app:s3cret@rabbit:5672/%2f\"\n{extra}\n\
+             [[subscribers]]\nhandler = \"greet\"\nqueue = \"greetings\"\n"
+        )
+    };
+    let (key, ..) = file_error(&conn("connect-timeout = \"0s\""));
+    assert_eq!(key, "connection.connect-timeout");
+    let (key, _, _, message) = file_error(&conn("max-backoff = \"0s\""));
+    assert_eq!(key, "connection.max-backoff");
+    assert!(message.contains("spin"), "{message}");
+    let (key, ..) = file_error(&format!("{MINIMAL}deadline = \"0s\"\n"));
+    assert_eq!(key, "subscribers[0].deadline");
+    let publisher = |extra: &str| {
+        format!(
+            "[connection]\nurl = \"amqp://app:s3cret@rabbit:5672/%2f\"\n\
+             [publisher]\n{extra}\n\
+             [[subscribers]]\nhandler = \"greet\"\nqueue = \"greetings\"\n"
+        )
+    };
+    let (key, ..) = file_error(&publisher("confirm-timeout = \"0s\""));
+    assert_eq!(key, "publisher.confirm-timeout");
+    let (key, ..) = file_error(&publisher("max-body = 0"));
+    assert_eq!(key, "publisher.max-body");
+}

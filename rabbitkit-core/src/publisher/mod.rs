@@ -184,6 +184,16 @@ impl Publisher {
                 "publisher channels must be at least 1".into(),
             ));
         }
+        if cfg.confirm_timeout.is_zero() {
+            return Err(Error::Config(
+                "publisher confirm-timeout must be above 0 (every publish would time out)".into(),
+            ));
+        }
+        if cfg.max_body == 0 {
+            return Err(Error::Config(
+                "publisher max-body must be at least 1".into(),
+            ));
+        }
         let lanes = (0..cfg.channels)
             .map(|_| std::sync::Mutex::new(None))
             .collect();

@@ -7,11 +7,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use lapin::options::QueueDeleteOptions;
+use lapin::options::{QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
 
 use crate::connection::{ConnectionConfig, Connector};
 use crate::error::Result;
-use crate::retry::{is_tier_of, tier_queue_of};
+use crate::retry::{is_tier_of, parse_tier_label, retry_exchange, tier_queue_of};
 
 use super::Topology;
 
@@ -62,9 +63,18 @@ pub enum PruneOutcome {
     Kept(String),
 }
 
-/// Deletes each of `queues` only if it is empty (`queue.delete` with `if-empty`: the broker
-/// refuses a queue that holds a message, so none is ever lost here). One channel per queue,
-/// since a refusal closes the channel.
+/// Deletes each of `queues` only if it is empty; none of their messages is ever lost here.
+///
+/// - A classic tier (`{q}.retry.{d}`) is deleted with `queue.delete` `if-empty`: the broker
+///   refuses it while it holds a message.
+/// - A quorum tier (`{q}.delay.{d}`): RabbitMQ refuses `if-empty` for quorum queues (540
+///   NOT_IMPLEMENTED, which closes the connection). It is unbound from the retry exchange
+///   `{q}.retry` first, so no copy can reach it any more (a copy still sent there is
+///   returned, and its original requeued), then, a second later, counted: empty, it is
+///   deleted; holding messages, it is bound again and kept (they expire into the work
+///   queue as usual).
+///
+/// One channel per queue, since a refusal closes the channel.
 pub async fn delete_if_empty(
     connection: &ConnectionConfig,
     queues: &[String],
@@ -81,23 +91,112 @@ pub async fn delete_if_empty(
                 break;
             }
         };
-        let options = QueueDeleteOptions {
-            if_empty: true,
-            ..Default::default()
+        let outcome = match quorum_tier_of(queue) {
+            Some(work_queue) => {
+                match delete_quorum_tier(&conn.conn, ch, queue, &retry_exchange(work_queue)).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            None => {
+                let options = QueueDeleteOptions {
+                    if_empty: true,
+                    ..Default::default()
+                };
+                let outcome = match ch.queue_delete(queue.as_str().into(), options).await {
+                    Ok(_) => PruneOutcome::Deleted,
+                    Err(e) if is_not_found(&e) => PruneOutcome::Gone,
+                    Err(e) => PruneOutcome::Kept(e.to_string()),
+                };
+                let _ = ch.close(200, "rabbitkit topology prune".into()).await;
+                outcome
+            }
         };
-        let outcome = match ch.queue_delete(queue.as_str().into(), options).await {
-            Ok(_) => PruneOutcome::Deleted,
-            Err(e) => match e.kind() {
-                lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404 => PruneOutcome::Gone,
-                _ => PruneOutcome::Kept(e.to_string()),
-            },
-        };
-        let _ = ch.close(200, "rabbitkit topology prune".into()).await;
         tracing::info!(queue = %queue, outcome = ?outcome, "prune");
         done.push((queue.clone(), outcome));
     }
     connector.close().await;
     result.map(|()| done)
+}
+
+/// The work queue of a quorum tier name (`{q}.delay.{d}`).
+fn quorum_tier_of(name: &str) -> Option<&str> {
+    let (work_queue, label) = name.rsplit_once(".delay.")?;
+    parse_tier_label(label).map(|_| work_queue)
+}
+
+fn is_not_found(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
+}
+
+/// Waited between unbinding a quorum tier and counting it: a copy routed just before the
+/// unbind is enqueued by then.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// Unbind, count, then delete or bind again (see [`delete_if_empty`]). `Err` only when no
+/// channel can be opened.
+async fn delete_quorum_tier(
+    conn: &lapin::Connection,
+    ch: lapin::Channel,
+    queue: &str,
+    exchange: &str,
+) -> Result<PruneOutcome> {
+    let bind_args = || FieldTable::default();
+    // A missing exchange (404) means nothing routes there anyway; it closes the channel.
+    let ch = match ch
+        .queue_unbind(queue.into(), exchange.into(), queue.into(), bind_args())
+        .await
+    {
+        Ok(()) => ch,
+        Err(e) if is_not_found(&e) => conn.create_channel().await.map_err(crate::Error::amqp)?,
+        Err(e) => return Ok(PruneOutcome::Kept(e.to_string())),
+    };
+    tokio::time::sleep(SETTLE).await;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let outcome = match ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+    {
+        Err(e) if is_not_found(&e) => PruneOutcome::Gone,
+        Err(e) => PruneOutcome::Kept(e.to_string()),
+        Ok(q) if q.message_count() == 0 => {
+            match ch
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await
+            {
+                Ok(_) => PruneOutcome::Deleted,
+                Err(e) if is_not_found(&e) => PruneOutcome::Gone,
+                Err(e) => PruneOutcome::Kept(e.to_string()),
+            }
+        }
+        Ok(q) => {
+            let rebound = ch
+                .queue_bind(
+                    queue.into(),
+                    exchange.into(),
+                    queue.into(),
+                    QueueBindOptions::default(),
+                    bind_args(),
+                )
+                .await;
+            let n = q.message_count();
+            PruneOutcome::Kept(match rebound {
+                Ok(()) => format!(
+                    "holds {n} messages (a quorum queue cannot be deleted only if empty: it \
+                     was unbound, counted, and bound again)"
+                ),
+                Err(e) => format!("holds {n} messages; binding it again failed: {e}"),
+            })
+        }
+    };
+    let _ = ch.close(200, "rabbitkit topology prune".into()).await;
+    Ok(outcome)
 }
 
 #[cfg(test)]
