@@ -135,6 +135,9 @@ pub fn split_url_list(list: &str) -> Vec<String> {
         .collect()
 }
 
+/// How long closing a connection may wait for the broker's close-ok.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
 /// Whether a parsed URL is `amqps://` (in any case).
 fn is_amqps(uri: &AMQPUri) -> bool {
     uri.scheme == lapin::uri::AMQPScheme::AMQPS
@@ -526,7 +529,13 @@ impl Connector {
         self.closed.send_replace(true);
         let mut slot = self.slot.lock().await;
         if let Some(c) = slot.current.take() {
-            let _ = c.conn.close(200, "rabbitkit shutdown".into()).await;
+            // Bounded: a connection blocked by a resource alarm is not read by the broker,
+            // which never answers the close while heartbeats keep it alive. Past the bound
+            // the connection is dropped; the broker requeues whatever it still held.
+            let closing = c.conn.close(200, "rabbitkit shutdown".into());
+            if tokio::time::timeout(CLOSE_WAIT, closing).await.is_err() {
+                tracing::warn!(connection = %self.name, "the broker did not answer connection.close within {CLOSE_WAIT:?}; dropping the connection");
+            }
             // Only a connector that had a connection says it is down: another one with
             // the same name and vhost (a check, a parking tool) must not flip the gauge.
             self.metrics.up.set(0.0);

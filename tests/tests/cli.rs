@@ -862,12 +862,8 @@ queue = "shipping"
         ]
         .iter()
         .all(|(q, n)| {
-            let (_, body) = rabbitkit_tests::http(
-                &mgmt,
-                "GET",
-                &format!("/api/queues/{}/{q}", vh.name),
-                None,
-            );
+            let (_, body) =
+                rabbitkit_tests::http(&mgmt, "GET", &format!("/api/queues/{}/{q}", vh.name), None);
             serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
                 .and_then(|v| v["messages"].as_u64())

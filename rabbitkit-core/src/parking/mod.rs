@@ -100,8 +100,19 @@ impl ParkedMessage {
             error_message: s(headers::ERROR_MESSAGE),
             attempts: headers::get(h, headers::ATTEMPT).and_then(int),
             handler: s(headers::HANDLER),
-            source_queue: s(headers::SOURCE_QUEUE)
-                .or_else(|| x_death.entries.first().map(|e| e.queue.clone())),
+            // rabbitkit's header only on what rabbitkit parked: a message the broker
+            // dead-lettered keeps its producer's headers, which may name another queue
+            // (forwarded, or forged); the broker's own `x-death` says where it came from.
+            source_queue: if s(headers::PARK_REASON).is_some() {
+                s(headers::SOURCE_QUEUE)
+                    .or_else(|| x_death.entries.first().map(|e| e.queue.clone()))
+            } else {
+                x_death
+                    .entries
+                    .first()
+                    .map(|e| e.queue.clone())
+                    .or_else(|| s(headers::SOURCE_QUEUE))
+            },
             original_exchange,
             original_routing_key,
             first_failure_at: time_header(h, headers::FIRST_FAILURE_AT).map(rfc3339),
@@ -421,6 +432,9 @@ mod tests {
             ("x-first-death-reason", ls("rejected")),
             ("x-first-death-exchange", ls("shop")),
             (headers::REPLAYED, AMQPValue::LongLongInt(2)),
+            // A producer's (forwarded or forged) header: not rabbitkit's, since rabbitkit
+            // did not park it (no park reason). The broker's x-death names the queue.
+            (headers::SOURCE_QUEUE, ls("billing")),
         ]);
         let m = ParkedMessage::from_parts(Bytes::new(), p);
         assert_eq!(m.reason.as_deref(), Some("rejected"));
