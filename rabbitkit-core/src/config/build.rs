@@ -1,8 +1,9 @@
 //! From a parsed config and a registry to a [`Worker`], and the `--check` behind it.
 
 use crate::error::{Error, Result};
+use crate::policy::AckPolicy;
 use crate::subscriber::Subscriber;
-use crate::topology::{Topology, TopologyReport};
+use crate::topology::{QueueType, Topology, TopologyReport};
 use crate::worker::Worker;
 
 use super::{Handlers, SubscriberConfig, WorkerConfig};
@@ -29,14 +30,16 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
     if let Some(every) = config.observability.parking_depth_interval {
         worker = worker.parking_depth_interval(every);
     }
-    for s in &config.subscribers {
+    for (i, s) in config.subscribers.iter().enumerate() {
         let template = handlers
             .get(&s.handler)
             .ok_or_else(|| Error::UnknownHandler {
                 name: s.handler.clone(),
                 registered: handlers.names().map(str::to_owned).collect(),
             })?;
-        worker = worker.subscribe(apply(s, template.clone()).topology_mode(config.topology.mode));
+        let sub = apply(s, template.clone());
+        refuse_ignored(i, s, &sub)?;
+        worker = worker.subscribe(sub.topology_mode(config.topology.mode));
     }
     worker.validate()?;
     Ok(worker)
@@ -65,6 +68,27 @@ pub fn topologies(config: &WorkerConfig) -> Result<Vec<Topology>> {
             Ok(sub.full_topology())
         })
         .collect()
+}
+
+/// Refuses a key the file sets that the subscriber it builds (the registered handler's
+/// settings with the file's on top) would ignore: no setting is parsed and then ignored.
+fn refuse_ignored(i: usize, s: &SubscriberConfig, sub: &Subscriber) -> Result<()> {
+    if s.delivery_limit.is_some() && sub.topology.queue_type != QueueType::Quorum {
+        return Err(Error::Config(format!(
+            "subscribers[{i}].delivery-limit: only a quorum work queue has a delivery limit; \
+             {:?} is a {:?} queue (set queue-type = \"quorum\", or remove the key)",
+            s.queue, sub.topology.queue_type
+        )));
+    }
+    if s.manual_fallback.is_some() && sub.policy != AckPolicy::Manual {
+        return Err(Error::Config(format!(
+            "subscribers[{i}].manual-fallback: only used with ack = \"manual\"; the ack policy \
+             of {:?} is {:?}",
+            s.display_name(),
+            sub.policy
+        )));
+    }
+    Ok(())
 }
 
 /// The keys `s` sets, over what the registered subscriber has.

@@ -736,3 +736,33 @@ fn zero_durations_and_a_zero_max_body_are_refused_with_their_key() {
     let (key, ..) = file_error(&publisher("max-body = 0"));
     assert_eq!(key, "publisher.max-body");
 }
+
+#[test]
+fn keys_the_subscriber_would_ignore_are_refused() {
+    let limit = parse(&format!("{MINIMAL}delivery-limit = 5\n"));
+    let err = from_config(&limit, &handlers())
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("subscribers[0].delivery-limit") && e.contains("quorum")),
+        "{err:?}"
+    );
+    let quorum = parse(&format!(
+        "{MINIMAL}queue-type = \"quorum\"\ndelivery-limit = 5\n"
+    ));
+    assert!(from_config(&quorum, &handlers()).is_ok());
+    let fallback = parse(&format!("{MINIMAL}manual-fallback = \"reject\"\n"));
+    let err = from_config(&fallback, &handlers())
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("subscribers[0].manual-fallback")),
+        "{err:?}"
+    );
+    let manual = parse(&format!(
+        "{MINIMAL}ack = \"manual\"\nmanual-fallback = \"reject\"\n"
+    ));
+    assert!(from_config(&manual, &handlers()).is_ok());
+}
