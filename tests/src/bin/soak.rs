@@ -22,6 +22,9 @@ use rabbitkit_core::QueueType;
 use rabbitkit_tests::audit::{Audit, Mix, Recorder};
 use rabbitkit_tests::{Broker, Cluster};
 
+/// How long after the workers start (and declare the topology) the node may be killed.
+const TOPOLOGY_SETTLE: Duration = Duration::from_secs(5);
+
 fn worker_bin() -> PathBuf {
     let me = std::env::current_exe().expect("current exe");
     me.with_file_name("audit_worker")
@@ -223,7 +226,12 @@ async fn main() {
                 w2 = Some(spawn_worker(&a, &records[2]));
                 worker_killed = true;
             }
-            if !node_killed && done > n / 2 {
+            // Not within the first seconds after the workers declared the topology: a node
+            // killed then may come back without a durable queue it had just declared (seen on
+            // RabbitMQ 4.0.5, Mnesia: the parking queue declared 0.8 s before the kill was not
+            // recovered, with the copies confirmed into it). The soak is about messages, not
+            // about declarations a second old.
+            if !node_killed && done > n / 2 && started.elapsed() >= TOPOLOGY_SETTLE {
                 println!(
                     "  t={:>5.1}s node killed (kill -9) at {done} processed",
                     started.elapsed().as_secs_f64()
