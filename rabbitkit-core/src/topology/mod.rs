@@ -418,7 +418,7 @@ pub(crate) fn warn_parking_unavailable(queue: &str, e: &Error) {
 
 /// A 404 NOT_FOUND from the broker: on a non-passive declare of a durable queue, the queue
 /// exists and is unavailable.
-fn is_not_found(e: &lapin::Error) -> bool {
+pub(super) fn is_not_found(e: &lapin::Error) -> bool {
     use lapin::ErrorKind;
     use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
     matches!(

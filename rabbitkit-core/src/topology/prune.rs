@@ -14,7 +14,7 @@ use crate::connection::{ConnectionConfig, Connector};
 use crate::error::Result;
 use crate::retry::{is_tier_of, parse_tier_label, retry_exchange, tier_queue_of};
 
-use super::Topology;
+use super::{Topology, is_not_found};
 
 const CONNECT_WAIT: Duration = Duration::from_secs(15);
 
@@ -128,10 +128,6 @@ fn quorum_tier_of(name: &str) -> Option<&str> {
     parse_tier_label(label).map(|_| work_queue)
 }
 
-fn is_not_found(e: &lapin::Error) -> bool {
-    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
-}
-
 /// Waited between unbinding a quorum tier and counting it: a copy routed just before the
 /// unbind is enqueued by then.
 const SETTLE: Duration = Duration::from_secs(1);
@@ -144,10 +140,14 @@ async fn delete_quorum_tier(
     queue: &str,
     exchange: &str,
 ) -> Result<PruneOutcome> {
-    let bind_args = || FieldTable::default();
     // A missing exchange (404) means nothing routes there anyway; it closes the channel.
     let ch = match ch
-        .queue_unbind(queue.into(), exchange.into(), queue.into(), bind_args())
+        .queue_unbind(
+            queue.into(),
+            exchange.into(),
+            queue.into(),
+            FieldTable::default(),
+        )
         .await
     {
         Ok(()) => ch,
@@ -182,7 +182,7 @@ async fn delete_quorum_tier(
                     exchange.into(),
                     queue.into(),
                     QueueBindOptions::default(),
-                    bind_args(),
+                    FieldTable::default(),
                 )
                 .await;
             let n = q.message_count();
