@@ -21,8 +21,10 @@
 //!
 //! `BENCH_ALTERNATIVES=1` (the default) also runs the other raw structures tried, so the
 //! report shows why the baselines above are the best: acks awaited one by one in the loop,
-//! and a task spawned per delivery (success and failure path). Any raw variant that is
-//! faster becomes "best raw" in the ratios.
+//! and a task spawned per delivery (success and failure path); and the failure path's loop
+//! with its copies on a second connection, rabbitkit's layout (settlement copies never share
+//! the consumer's connection). Any raw variant that is faster becomes "best raw" in the
+//! ratios.
 //!
 //! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID`,
 //! `BENCH_ROUNDS` (5), `BENCH_OK_MESSAGES` (20000), `BENCH_FAIL_MESSAGES` (10000),
@@ -54,6 +56,10 @@ enum Shape {
     Awaited,
     /// A task spawned per delivery.
     Spawned,
+    /// As `Unordered`, with the copies published on a second connection (failure path
+    /// only): rabbitkit's layout, where settlement copies never share the consumer's
+    /// connection.
+    SecondConnection,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -81,6 +87,9 @@ impl Variant {
             Shape::Unordered => format!("1 task, FuturesUnordered of {what}"),
             Shape::Awaited => format!("{what} awaited one by one"),
             Shape::Spawned => format!("task spawned per delivery ({what})"),
+            Shape::SecondConnection => {
+                format!("1 task, FuturesUnordered of {what}, copies on a second connection")
+            }
         };
         match self {
             Variant::RawOk(f, s, w) => format!(
@@ -229,16 +238,21 @@ impl Ctx {
     ) -> (Mark, Mark) {
         let conn = common::connect(&self.url).await;
         let (ch, mut consumer) = self.consumer(&conn, queue).await;
-        // The copies' confirm channel shares the consumer's connection.
+        // The copies' confirm channel shares the consumer's connection, unless the shape
+        // says otherwise.
+        let second = match (copy, shape) {
+            (Some(_), Shape::SecondConnection) => Some(common::connect(&self.url).await),
+            _ => None,
+        };
         let pch = match copy {
-            Some(_) => Some(common::confirm_channel(&conn).await),
+            Some(_) => Some(common::confirm_channel(second.as_ref().unwrap_or(&conn)).await),
             None => None,
         };
         let target = copy.map(|(q, _)| q);
         let copy_to = pch.as_ref().zip(target);
         let mut start = None;
         let end = match shape {
-            Shape::Unordered => {
+            Shape::Unordered | Shape::SecondConnection => {
                 let mut pending = FuturesUnordered::new();
                 let (mut received, mut settled) = (0, 0);
                 while settled < n {
@@ -304,6 +318,9 @@ impl Ctx {
             .expect("basic.qos after the acks");
         tokio::time::sleep(Duration::from_millis(500)).await;
         common::close(conn).await;
+        if let Some(second) = second {
+            common::close(second).await;
+        }
         (start.expect("no delivery"), end)
     }
 }
@@ -414,6 +431,9 @@ fn main() {
             Shape::Spawned,
             QueueType::Classic,
         ));
+        for t in [QueueType::Classic, QueueType::Quorum] {
+            fail.push(Variant::RawFail(Flavor::Multi, Shape::SecondConnection, t));
+        }
     }
     let with_series = |vs: &[Variant]| -> Vec<(Variant, Series)> {
         vs.iter()

@@ -5,11 +5,16 @@
 //! durable classic queue through the default exchange, every one confirmed, at most W
 //! unconfirmed at once. The clock runs from the first publish to the last confirm.
 //! Variants:
-//! - `raw lapin, 1 task, FuturesUnordered`: one confirm channel; a single task writes a
-//!   publish, pushes its `PublisherConfirm` into a `FuturesUnordered`, and waits for the
-//!   oldest-finished one whenever W are outstanding. No spawning, no locks, no channel
-//!   hand-off: the least client work a confirmed, windowed publish can do with lapin. Run
-//!   on a current-thread and on a multi-thread runtime; the faster is "best raw".
+//! - `raw lapin, 1 task, FuturesUnordered of publish→confirm`: one confirm channel; a
+//!   single task keeps W futures, each "`basic_publish` then await its confirm", in a
+//!   `FuturesUnordered`, adding one as one finishes. The first poll of each queues its
+//!   frames (in order: one task), so lapin writes many publishes per socket write. No
+//!   spawning, no locks, no channel hand-off: the least client work a confirmed, windowed
+//!   publish can do with lapin. Run on a current-thread and on a multi-thread runtime.
+//! - `raw lapin, 1 task, FuturesUnordered of confirms`: the same task awaits each
+//!   `basic_publish` (until lapin has written it) before pushing its `PublisherConfirm`:
+//!   one socket write and two thread wake-ups per publish. The faster of all the raw rows
+//!   is "best raw".
 //! - `raw lapin, W channels × 1 in flight` (with `BENCH_ALTERNATIVES=1`, the default): a
 //!   pool of confirm channels with one publish in flight on each, the structure that
 //!   attributes returns exactly without correlating them; shown for contrast, and best raw
@@ -43,7 +48,10 @@ use common::{Flavor, Meter, Runtimes, Sample, Series};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
+    /// Each publish written before the next starts; confirms in a `FuturesUnordered`.
     Raw(Flavor),
+    /// Whole publish→confirm futures in a `FuturesUnordered`.
+    RawWhole(Flavor),
     /// W confirm channels, one publish in flight on each (an alternative, slower).
     RawPool(Flavor),
     Kit(Flavor),
@@ -53,7 +61,11 @@ impl Variant {
     fn label(self, window: usize) -> String {
         match self {
             Variant::Raw(f) => format!(
-                "raw lapin, 1 task, FuturesUnordered (w={window}), {}",
+                "raw lapin, 1 task, FuturesUnordered of confirms (w={window}), {}",
+                f.label()
+            ),
+            Variant::RawWhole(f) => format!(
+                "raw lapin, 1 task, FuturesUnordered of publish→confirm (w={window}), {}",
                 f.label()
             ),
             Variant::RawPool(f) => {
@@ -79,12 +91,16 @@ impl Ctx {
         let admin = admin_conn.create_channel().await.expect("admin channel");
         common::purge(&admin, &self.queue).await;
         let sample = match v {
-            Variant::Raw(_) => {
+            Variant::Raw(_) | Variant::RawWhole(_) => {
                 let conn = common::connect(&self.url).await;
                 let ch = common::confirm_channel(&conn).await;
                 common::reset_peak();
                 let start = self.meter.mark();
-                self.raw(&ch, n).await;
+                if matches!(v, Variant::Raw(_)) {
+                    self.raw(&ch, n).await;
+                } else {
+                    self.raw_whole(&ch, n).await;
+                }
                 let end = self.meter.mark();
                 let s = Meter::sample(n, &start, &end);
                 common::close(conn).await;
@@ -138,6 +154,23 @@ impl Ctx {
                 common::check_confirm(c);
             }
             pending.push(self.publish(ch).await);
+        }
+        while let Some(c) = pending.next().await {
+            common::check_confirm(c);
+        }
+    }
+
+    /// W publish→confirm futures in one `FuturesUnordered`, refilled as they finish.
+    async fn raw_whole(&self, ch: &Channel, n: usize) {
+        let mut pending = FuturesUnordered::new();
+        let publish_confirm = || async { self.publish(ch).await.await };
+        for _ in 0..n {
+            if pending.len() >= self.window
+                && let Some(c) = pending.next().await
+            {
+                common::check_confirm(c);
+            }
+            pending.push(publish_confirm());
         }
         while let Some(c) = pending.next().await {
             common::check_confirm(c);
@@ -228,6 +261,8 @@ fn main() {
     );
 
     let mut variants = vec![
+        Variant::RawWhole(Flavor::Current),
+        Variant::RawWhole(Flavor::Multi),
         Variant::Raw(Flavor::Current),
         Variant::Raw(Flavor::Multi),
         Variant::Kit(Flavor::Multi),
@@ -246,7 +281,7 @@ fn main() {
         })
         .collect();
     let flavor = |v: Variant| match v {
-        Variant::Raw(f) | Variant::RawPool(f) | Variant::Kit(f) => f,
+        Variant::Raw(f) | Variant::RawWhole(f) | Variant::RawPool(f) | Variant::Kit(f) => f,
     };
     // Warm-up (untimed): the broker's queue process, the allocator, the code paths.
     for (v, _) in &variants {

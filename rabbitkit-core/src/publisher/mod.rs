@@ -4,8 +4,10 @@
 //! - its **own connection**: a resource alarm blocks a publishing connection entirely
 //!   (acks included), so consumers never share it;
 //! - a few confirm-mode channels ("lanes", [`PublisherConfig::channels`]), each owned by one
-//!   task that writes its publishes one at a time (concurrent `basic_publish` calls on one
-//!   channel get confirms attributed to the wrong publish) and keeps many unconfirmed;
+//!   task that is the channel's only publisher (`basic_publish` calls racing from several
+//!   threads on one channel get confirms attributed to the wrong publish); it hands every
+//!   waiting publish to lapin in order without waiting for the previous one to be written,
+//!   so lapin writes them in one go, and keeps many unconfirmed;
 //! - returns are attributed by message id, not by which confirm lapin attached them to (with
 //!   several mandatory publishes in flight lapin hands a `basic.return` to whichever confirm
 //!   it resolves next); see `lane.rs` for why that is exact;
