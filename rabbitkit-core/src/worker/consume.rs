@@ -181,11 +181,14 @@ impl SubscriberTask {
                             a.ledger().register(delivery.delivery_tag);
                             a.ledger().clone()
                         });
-                        tokio::spawn(async move {
+                        // Boxed: the pipeline's future is several KiB, and the runtime
+                        // moves a task's future when it spawns it and when it finishes;
+                        // a box is moved as a pointer.
+                        tokio::spawn(Box::pin(async move {
                             p.process(delivery, ledger).await;
                             drop(permit);
                             drop(token);
-                        });
+                        }));
                     }
                     Some(Err(e)) => {
                         tracing::warn!(%queue, %node, error = %e, "consumer failed; rebuilding the channel");
