@@ -361,8 +361,20 @@ fn value_size(v: &AMQPValue) -> usize {
 /// A globally unique, time-ordered message id: a UUIDv7 (`0190f1c2-…`), 48 bits of
 /// milliseconds then 74 random bits, so ids from different hosts and containers never
 /// collide (a pid-based id would: every container is pid 1).
+///
+/// The random bits come from a per-thread generator seeded from the OS (`fastrand`), not
+/// from a `getrandom` system call per id: ids are ordered by millisecond, not within one.
 pub fn new_message_id() -> ShortString {
-    ShortString::from(uuid::Uuid::now_v7().to_string())
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let mut random = [0u8; 10];
+    random[..8].copy_from_slice(&fastrand::u64(..).to_le_bytes());
+    random[8..].copy_from_slice(&fastrand::u16(..).to_le_bytes());
+    let id = uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid();
+    let mut buf = uuid::Uuid::encode_buffer();
+    ShortString::from(&*id.hyphenated().encode_lower(&mut buf))
 }
 
 #[cfg(test)]
@@ -391,6 +403,42 @@ mod tests {
         let id = new_message_id();
         let parsed = uuid::Uuid::parse_str(id.as_str()).unwrap_or_else(|e| panic!("{id}: {e}"));
         assert_eq!(parsed.get_version_num(), 7, "{id}");
+        assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122, "{id}");
+        // Its timestamp is now, to the millisecond.
+        let (secs, _) = parsed
+            .get_timestamp()
+            .unwrap_or_else(|| panic!("{id}: no timestamp"))
+            .to_unix();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        assert!(now.abs_diff(secs) <= 1, "{id}: {secs} vs now {now}");
+    }
+
+    #[test]
+    fn ids_from_many_threads_at_once_are_unique_and_ordered_by_millisecond() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| (0..20_000).map(|_| new_message_id()).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut all = std::collections::HashSet::new();
+        for t in threads {
+            let ids = t
+                .join()
+                .unwrap_or_else(|_| panic!("generator thread panicked"));
+            // The first 48 bits (12 hex digits, one hyphen) are the milliseconds.
+            let millis: Vec<String> = ids.iter().map(|i| i.as_str()[..13].to_owned()).collect();
+            assert!(
+                millis.windows(2).all(|w| w[0] <= w[1]),
+                "ids go back in time"
+            );
+            for id in ids {
+                assert!(all.insert(id.clone()), "duplicate id {id}");
+            }
+        }
+        assert_eq!(all.len(), 80_000);
     }
 
     #[test]
