@@ -397,11 +397,14 @@ impl Lane {
         let seq = writing.seq;
         self.writing.pop_front();
         match result {
-            Ok(confirm) => {
-                let entry = self.entries.get_mut(&seq)?;
-                entry.confirm = Some(confirm);
-                Some(Some(seq))
-            }
+            Ok(confirm) => match self.entries.get_mut(&seq) {
+                Some(entry) => {
+                    entry.confirm = Some(confirm);
+                    Some(Some(seq))
+                }
+                // Forgotten meanwhile (its channel was dropped): nothing to follow.
+                None => Some(None),
+            },
             Err(e) => {
                 self.taint_if_current(seq);
                 self.report(seq, PublishOutcome::Failed(Error::amqp(e)));
@@ -448,8 +451,12 @@ impl Lane {
             _ => None,
         };
         for open in current.into_iter().chain(self.old.iter()) {
-            // Resolves at once (with the returns of dropped confirms) when nothing is
-            // pending; otherwise stays pending and is dropped, which has no effect.
+            // Takes the lock either way. With no confirm pending it resolves at once with
+            // the returns lapin holds, filed here by id. Otherwise it stays pending and is
+            // dropped, having taken lapin's "last pending" promise: the returns stay with
+            // lapin until a confirm carries them (filed by `file_return`) or the next
+            // barrier, finding no promise, drains them. Either way a return is filed
+            // under its publish's id before that publish's outcome is reported.
             if let Some(Ok(returns)) = open.channel.wait_for_confirms().now_or_never() {
                 carried.extend(returns.into_iter().map(|r| (open.epoch, r)));
             }
@@ -760,73 +767,76 @@ impl Lane {
         }
     }
 
-    /// Hands the oldest waiting publish to lapin on the open channel; false if there is none.
+    /// Hands the oldest waiting publish to lapin on the open channel. False when there is
+    /// none, when the channel or its connection is closing (what is left waits for the next
+    /// channel instead of failing here), or when this publish failed at once (the next one
+    /// would too).
     fn start_write(&mut self, cx: &mut Context<'_>) -> bool {
         let Chan::Open(open) = &self.chan else {
             return false;
         };
+        if !open.channel.status().connected() || !open.conn.is_usable() {
+            return false;
+        }
         let Some(job) = self.backlog.pop_front() else {
             return false;
         };
-        {
-            {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                let mut key = (open.epoch, job.id(), 0);
-                if self.ids.contains(&key) {
-                    // The id awaits a confirm on this channel already: a token unique on
-                    // the channel tells the two apart should one be returned.
-                    key.2 = seq + 1;
-                }
-                let channel = open.channel.clone();
-                let mut p = job.prepared;
-                // Only a mandatory publish can come back; any other sheds a stale token.
-                p.properties = with_token(p.properties, if p.mandatory { key.2 } else { 0 });
-                let opts = BasicPublishOptions {
-                    mandatory: p.mandatory,
-                    immediate: false,
-                };
-                let mut fut: BoxFuture<lapin::Result<PublisherConfirm>> = Box::pin(async move {
-                    channel
-                        .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties)
-                        .await
-                });
-                // The first poll takes the delivery tag and queues the frames.
-                let done = match fut.as_mut().poll(cx) {
-                    Poll::Ready(result) => Some(result),
-                    Poll::Pending => None,
-                };
-                self.entries.insert(
-                    seq,
-                    Entry {
-                        epoch: open.epoch,
-                        id: (key.1.clone(), key.2),
-                        started: job.started,
-                        deadline: job.deadline,
-                        watch: BlockWatch::new(open.conn.clone()),
-                        reply: Some((job.reply, job.permit)),
-                        confirm: None,
-                        waker: Waker::from(Arc::new(SeqWaker {
-                            seq,
-                            wakes: self.wakes.clone(),
-                        })),
-                    },
-                );
-                self.ids.insert(key);
-                self.shared
-                    .counters
-                    .unconfirmed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.deadlines.insert((job.deadline, seq));
-                self.writing.push_back(Writing {
-                    seq,
-                    epoch: open.epoch,
-                    fut,
-                    done,
-                });
-                true
-            }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut key = (open.epoch, job.id(), 0);
+        if self.ids.contains(&key) {
+            // The id awaits a confirm on this channel already: a token unique on the
+            // channel tells the two apart should one be returned.
+            key.2 = seq + 1;
         }
+        let channel = open.channel.clone();
+        let mut p = job.prepared;
+        // Only a mandatory publish can come back; any other sheds a stale token.
+        p.properties = with_token(p.properties, if p.mandatory { key.2 } else { 0 });
+        let opts = BasicPublishOptions {
+            mandatory: p.mandatory,
+            immediate: false,
+        };
+        let mut fut: BoxFuture<lapin::Result<PublisherConfirm>> = Box::pin(async move {
+            channel
+                .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties)
+                .await
+        });
+        // The first poll takes the delivery tag and queues the frames.
+        let done = match fut.as_mut().poll(cx) {
+            Poll::Ready(result) => Some(result),
+            Poll::Pending => None,
+        };
+        let failed = matches!(done, Some(Err(_)));
+        self.entries.insert(
+            seq,
+            Entry {
+                epoch: open.epoch,
+                id: (key.1.clone(), key.2),
+                started: job.started,
+                deadline: job.deadline,
+                watch: BlockWatch::new(open.conn.clone()),
+                reply: Some((job.reply, job.permit)),
+                confirm: None,
+                waker: Waker::from(Arc::new(SeqWaker {
+                    seq,
+                    wakes: self.wakes.clone(),
+                })),
+            },
+        );
+        self.ids.insert(key);
+        self.shared
+            .counters
+            .unconfirmed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.deadlines.insert((job.deadline, seq));
+        self.writing.push_back(Writing {
+            seq,
+            epoch: open.epoch,
+            fut,
+            done,
+        });
+        !failed
     }
 
     /// Arms the timer for the next deadline; true if it has already fired.

@@ -32,6 +32,14 @@ pub enum PublishOutcome {
         blocked: bool,
     },
     /// The channel or connection failed before the confirm. Outcome unknown.
+    ///
+    /// A channel error fails every publish still unconfirmed on that channel, not only the
+    /// one that caused it: a publish to an exchange that does not exist makes the broker
+    /// close the channel (404), and the publishes sharing it that were not confirmed yet
+    /// (up to the window, [`PublisherConfig::max_in_flight`](super::PublisherConfig)) get
+    /// `Failed` too. Settlement copies treat it like any unconfirmed copy (the original is
+    /// requeued); a producer that cannot afford the collateral retries keeps publishes to
+    /// untrusted exchange names on a publisher of their own.
     Failed(Error),
 }
 
