@@ -226,14 +226,14 @@ impl ConnectionConfig {
         let mut parsed = check_urls(&self.urls).map_err(|reason| Error::InvalidUrl { reason })?;
         // The parsed scheme, not the text: `AMQPS://` is TLS too.
         let amqps: Vec<bool> = parsed.iter().map(is_amqps).collect();
-        if !cfg!(feature = "tls") && amqps.iter().any(|t| *t) {
+        let any_tls = amqps.contains(&true);
+        let first_plain = amqps.iter().position(|t| !*t);
+        if !cfg!(feature = "tls") && any_tls {
             return Err(Error::InvalidUrl {
                 reason: "amqps:// needs rabbitkit's `tls` feature".into(),
             });
         }
-        if amqps.iter().any(|t| *t)
-            && let Some(i) = amqps.iter().position(|t| !*t)
-        {
+        if any_tls && let Some(i) = first_plain {
             return Err(Error::InvalidUrl {
                 reason: format!(
                     "node {} is amqp:// among amqps:// nodes: a failover to it would send \
@@ -244,7 +244,7 @@ impl ConnectionConfig {
         }
         if let Some(tls) = &self.tls {
             tls.check().map_err(Error::Config)?;
-            if let Some(i) = amqps.iter().position(|t| !*t) {
+            if let Some(i) = first_plain {
                 return Err(Error::Config(format!(
                     "TLS settings need amqps:// URLs; node {} is not",
                     i + 1

@@ -263,13 +263,17 @@ pub(crate) fn doubled(base: Duration, n: u32, cap: Duration) -> Duration {
 /// [`Topology::migrate_tiers`](crate::topology::Topology::migrate_tiers) moves one into the
 /// other.
 pub fn tier_queue(queue: &str, delay: Duration) -> String {
-    format!("{queue}.delay.{}", tier_label(delay))
+    format!("{queue}{QUORUM_TIER}{}", tier_label(delay))
 }
+
+/// Between the work queue's name and the delay label: a quorum tier, a classic tier.
+const QUORUM_TIER: &str = ".delay.";
+const CLASSIC_TIER: &str = ".retry.";
 
 /// The name of a classic delay tier: `orders.retry.30s` (the opt-in
 /// `tier-queue-type = "classic"`, and every tier of earlier releases).
 pub fn classic_tier_queue(queue: &str, delay: Duration) -> String {
-    format!("{queue}.retry.{}", tier_label(delay))
+    format!("{queue}{CLASSIC_TIER}{}", tier_label(delay))
 }
 
 /// The name of the tier for `delay` of the given type.
@@ -284,11 +288,18 @@ pub fn tier_queue_of(queue: &str, delay: Duration, tier_type: QueueType) -> Stri
 /// evidence names the tier a copy expired from).
 pub fn is_tier_of(name: &str, work_queue: &str) -> bool {
     name.strip_prefix(work_queue).is_some_and(|rest| {
-        rest.strip_prefix(".delay.")
-            .or_else(|| rest.strip_prefix(".retry."))
+        rest.strip_prefix(QUORUM_TIER)
+            .or_else(|| rest.strip_prefix(CLASSIC_TIER))
             .and_then(parse_tier_label)
             .is_some()
     })
+}
+
+/// The work queue whose quorum tier `name` is (`orders.delay.30s` → `orders`); `None` for
+/// any other name.
+pub(crate) fn work_queue_of_quorum_tier(name: &str) -> Option<&str> {
+    let (work_queue, label) = name.rsplit_once(QUORUM_TIER)?;
+    parse_tier_label(label).map(|_| work_queue)
 }
 
 /// The delay a label written by [`tier_label`] stands for: `"1500ms"` → 1.5 s.

@@ -443,25 +443,4 @@ mod tests {
             .deadline(Duration::from_millis(1));
         assert!(ok.validate().is_ok());
     }
-
-    #[test]
-    fn a_publisher_that_would_time_out_or_refuse_every_copy_is_refused() {
-        let conn = || crate::ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f");
-        let zero_timeout = crate::PublisherConfig {
-            confirm_timeout: Duration::ZERO,
-            ..Default::default()
-        };
-        assert!(matches!(
-            crate::Publisher::new(conn(), zero_timeout),
-            Err(crate::Error::Config(_))
-        ));
-        let zero_body = crate::PublisherConfig {
-            max_body: 0,
-            ..Default::default()
-        };
-        assert!(matches!(
-            crate::Publisher::new(conn(), zero_body),
-            Err(crate::Error::Config(_))
-        ));
-    }
 }

@@ -103,15 +103,14 @@ impl ParkedMessage {
             // rabbitkit's header only on what rabbitkit parked: a message the broker
             // dead-lettered keeps its producer's headers, which may name another queue
             // (forwarded, or forged); the broker's own `x-death` says where it came from.
-            source_queue: if s(headers::PARK_REASON).is_some() {
-                s(headers::SOURCE_QUEUE)
-                    .or_else(|| x_death.entries.first().map(|e| e.queue.clone()))
-            } else {
-                x_death
-                    .entries
-                    .first()
-                    .map(|e| e.queue.clone())
-                    .or_else(|| s(headers::SOURCE_QUEUE))
+            source_queue: {
+                let ours = s(headers::SOURCE_QUEUE);
+                let broker = x_death.entries.first().map(|e| e.queue.clone());
+                if s(headers::PARK_REASON).is_some() {
+                    ours.or(broker)
+                } else {
+                    broker.or(ours)
+                }
             },
             original_exchange,
             original_routing_key,

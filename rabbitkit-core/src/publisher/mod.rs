@@ -455,3 +455,29 @@ impl Future for PendingConfirm {
         outcome
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_publisher_that_would_time_out_or_refuse_every_copy_is_refused() {
+        let conn = || ConnectionConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f");
+        let zero_timeout = PublisherConfig {
+            confirm_timeout: Duration::ZERO,
+            ..Default::default()
+        };
+        assert!(matches!(
+            Publisher::new(conn(), zero_timeout),
+            Err(Error::Config(_))
+        ));
+        let zero_body = PublisherConfig {
+            max_body: 0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            Publisher::new(conn(), zero_body),
+            Err(Error::Config(_))
+        ));
+    }
+}

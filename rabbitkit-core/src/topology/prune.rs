@@ -12,7 +12,7 @@ use lapin::types::FieldTable;
 
 use crate::connection::{ConnectionConfig, Connector};
 use crate::error::Result;
-use crate::retry::{is_tier_of, parse_tier_label, retry_exchange, tier_queue_of};
+use crate::retry::{is_tier_of, retry_exchange, tier_queue_of, work_queue_of_quorum_tier};
 
 use super::{Topology, is_not_found};
 
@@ -91,7 +91,7 @@ pub async fn delete_if_empty(
                 break;
             }
         };
-        let outcome = match quorum_tier_of(queue) {
+        let outcome = match work_queue_of_quorum_tier(queue) {
             Some(work_queue) => {
                 match delete_quorum_tier(&conn.conn, ch, queue, &retry_exchange(work_queue)).await {
                     Ok(outcome) => outcome,
@@ -120,12 +120,6 @@ pub async fn delete_if_empty(
     }
     connector.close().await;
     result.map(|()| done)
-}
-
-/// The work queue of a quorum tier name (`{q}.delay.{d}`).
-fn quorum_tier_of(name: &str) -> Option<&str> {
-    let (work_queue, label) = name.rsplit_once(".delay.")?;
-    parse_tier_label(label).map(|_| work_queue)
 }
 
 /// Waited between unbinding a quorum tier and counting it: a copy routed just before the
