@@ -20,22 +20,29 @@ const WAIT: Duration = Duration::from_secs(30);
 /// Force-closes every connection of the vhost through the management API (works from any
 /// checkout, unlike rabbitmqctl, which needs the node's cookie) once the worker's two are
 /// listed; returns how many.
-fn close_connections(vh: &Vhost) -> usize {
-    let mgmt = &vh.broker.mgmt;
+fn connection_names(vh: &Vhost) -> Vec<String> {
     let path = format!("/api/vhosts/{}/connections", vh.name);
+    let (status, body) = http(&vh.broker.mgmt, "GET", &path, None);
+    assert_eq!(status, 200, "list connections: {body}");
+    let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    list.iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Closes every connection of `vh`; returns their names.
+fn close_connections(vh: &Vhost) -> Vec<String> {
+    let mgmt = &vh.broker.mgmt;
     // The management API lists a connection only once its stats arrive (seconds).
     let started = std::time::Instant::now();
     let list = loop {
-        let (status, body) = http(mgmt, "GET", &path, None);
-        assert_eq!(status, 200, "list connections: {body}");
-        let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        let list = connection_names(vh);
         if list.len() >= 2 || started.elapsed() > WAIT {
             break list;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    for c in &list {
-        let name = c["name"].as_str().unwrap();
+    for name in &list {
         let encoded: String = name
             .bytes()
             .map(|b| match b {
@@ -51,7 +58,7 @@ fn close_connections(vh: &Vhost) -> usize {
             "close {name}: {status} {body}"
         );
     }
-    list.len()
+    list
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -105,9 +112,22 @@ async fn duplicate_after_a_lost_ack_is_acked_without_a_second_effect() {
         .await
         .unwrap();
     assert!(
-        closed >= 2,
-        "consumer and publisher connections closed: {closed}"
+        closed.len() >= 2,
+        "consumer and publisher connections closed: {closed:?}"
     );
+    // The close is asked of the broker; the worker sees it later. Release the held ack
+    // only once the worker has connected again, so it certainly goes to the dead channel.
+    wait_until(WAIT, "the worker connected again", || {
+        let (v, closed) = (vh.clone(), closed.clone());
+        async move {
+            tokio::task::spawn_blocking(move || connection_names(&v))
+                .await
+                .unwrap()
+                .iter()
+                .any(|n| !closed.contains(n))
+        }
+    })
+    .await;
     release.notify_one();
 
     wait_until(WAIT, "the redelivery acked and the queue empty", || async {

@@ -186,6 +186,12 @@ async fn a_worker_fails_over_to_the_next_node_redeclares_and_resumes_without_sta
             vh_b.try_depth("orders.parking").await == Some(1)
         })
         .await;
+        // The copy is in the parking queue before the worker has its confirm and acks
+        // the original.
+        wait_until(WAIT, "the parked original acked", || async {
+            w.stats("orders").unwrap().acked >= 3 + 3 + 1
+        })
+        .await;
         let s = w.stats("orders").unwrap();
         assert_eq!(s.ack_lost, 2, "only the two stale deliveries: {s:?}");
         assert_eq!(s.settlement_failures, 0, "{s:?}");
