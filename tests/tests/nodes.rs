@@ -189,7 +189,7 @@ async fn a_worker_fails_over_to_the_next_node_redeclares_and_resumes_without_sta
         // The copy is in the parking queue before the worker has its confirm and acks
         // the original.
         wait_until(WAIT, "the parked original acked", || async {
-            w.stats("orders").unwrap().acked >= 3 + 3 + 1
+            w.stats("orders").unwrap().acked >= 7
         })
         .await;
         let s = w.stats("orders").unwrap();
