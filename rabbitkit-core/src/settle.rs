@@ -11,13 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lapin::options::{BasicAckOptions, BasicRejectOptions};
-
 use crate::coalesce::Original;
 use crate::connection::backoff;
 use crate::decide::{CopyKind, Decision, ParkReason};
 use crate::publisher::{PublishOutcome, Publisher};
 use crate::stats::Counters;
+use crate::{Envelope, Failure};
 
 pub use crate::manual::SettleReport;
 
@@ -140,7 +139,6 @@ impl Settler {
     }
 
     pub(crate) async fn execute(&self, decision: Decision, original: &Original) -> SettleReport {
-        let c = &self.counters;
         match decision {
             Decision::Nothing => SettleReport::Nothing,
             Decision::Ack => self.ack(original, SettleReport::Acked).await,
@@ -152,119 +150,131 @@ impl Settler {
                 self.nack(original, true).await
             }
             Decision::Reject => self.nack(original, false).await,
+            // Boxed: publishing a copy is the largest state of a settlement (about 3 KiB),
+            // and every delivery's pipeline would otherwise carry it, successes included.
             Decision::Republish {
                 copy,
                 kind,
                 failure,
-            } => {
-                // The original's channel is gone: the broker redelivers it and the
-                // redelivery makes its own copy. Publishing one now would leave a copy and a
-                // redelivery, a sure duplicate.
-                if !original.acker.usable() {
-                    tracing::debug!(copy = ?kind, "the original's channel is gone; no copy (it is redelivered)");
-                    return self.lost(None);
-                }
-                let (copy, kind) = match self.publisher.check(&copy) {
-                    Ok(()) => (copy, kind),
-                    // The body itself is over the publisher's `max_body` (the broker accepted
-                    // it: 3.10 takes up to 128 MiB). A trimmed copy would drop the payload and
-                    // the original would then be acked: the message lost. Reject it instead:
-                    // the broker dead-letters the whole message, body included, to the
-                    // parking queue (x-death reason `rejected`), and nothing loops.
-                    Err(e @ crate::Error::BodyTooLarge { .. }) => {
+            } => Box::pin(self.republish(copy, kind, failure, original)).await,
+        }
+    }
+
+    /// Publishes a retry or parking copy and acks the original once it is confirmed;
+    /// requeues it otherwise.
+    async fn republish(
+        &self,
+        copy: Envelope,
+        kind: CopyKind,
+        failure: Failure,
+        original: &Original,
+    ) -> SettleReport {
+        let c = &self.counters;
+        // The original's channel is gone: the broker redelivers it and the
+        // redelivery makes its own copy. Publishing one now would leave a copy and a
+        // redelivery, a sure duplicate.
+        if !original.usable() {
+            tracing::debug!(copy = ?kind, "the original's channel is gone; no copy (it is redelivered)");
+            return self.lost(None);
+        }
+        let (copy, kind) = match self.publisher.check(&copy) {
+            Ok(()) => (copy, kind),
+            // The body itself is over the publisher's `max_body` (the broker accepted
+            // it: 3.10 takes up to 128 MiB). A trimmed copy would drop the payload and
+            // the original would then be acked: the message lost. Reject it instead:
+            // the broker dead-letters the whole message, body included, to the
+            // parking queue (x-death reason `rejected`), and nothing loops.
+            Err(e @ crate::Error::BodyTooLarge { .. }) => {
+                tracing::error!(
+                    copy = ?kind,
+                    error = %e,
+                    "settlement copy's body is over the publisher's max-body; rejecting the original to the parking queue, body kept"
+                );
+                return self.nack(original, false).await;
+            }
+            // Refused before sending: it would be refused every time, and requeueing
+            // would re-run the handler for ever. Park a trimmed copy instead, or, when
+            // nothing fits, reject to the work queue's dead-letter path (parking).
+            Err(e) => {
+                let max_body = self.publisher.config().max_body;
+                let publisher = &self.publisher;
+                match crate::trim::parking_copy(&copy, &e, max_body, |t| publisher.check(t).is_ok())
+                {
+                    Some(trimmed) => {
                         tracing::error!(
                             copy = ?kind,
                             error = %e,
-                            "settlement copy's body is over the publisher's max-body; rejecting the original to the parking queue, body kept"
+                            "settlement copy can never be published as it is; parking a trimmed copy"
+                        );
+                        (
+                            trimmed,
+                            CopyKind::Park {
+                                reason: ParkReason::Unpublishable,
+                            },
+                        )
+                    }
+                    None => {
+                        tracing::error!(
+                            copy = ?kind,
+                            error = %e,
+                            "settlement copy can never be published; rejecting the original to the dead-letter path"
                         );
                         return self.nack(original, false).await;
                     }
-                    // Refused before sending: it would be refused every time, and requeueing
-                    // would re-run the handler for ever. Park a trimmed copy instead, or, when
-                    // nothing fits, reject to the work queue's dead-letter path (parking).
-                    Err(e) => {
-                        let max_body = self.publisher.config().max_body;
-                        let publisher = &self.publisher;
-                        match crate::trim::parking_copy(&copy, &e, max_body, |t| {
-                            publisher.check(t).is_ok()
-                        }) {
-                            Some(trimmed) => {
-                                tracing::error!(
-                                    copy = ?kind,
-                                    error = %e,
-                                    "settlement copy can never be published as it is; parking a trimmed copy"
-                                );
-                                (
-                                    trimmed,
-                                    CopyKind::Park {
-                                        reason: ParkReason::Unpublishable,
-                                    },
-                                )
-                            }
-                            None => {
-                                tracing::error!(
-                                    copy = ?kind,
-                                    error = %e,
-                                    "settlement copy can never be published; rejecting the original to the dead-letter path"
-                                );
-                                return self.nack(original, false).await;
-                            }
-                        }
-                    }
-                };
-                // Past the shutdown deadline a copy not yet handed to the publisher is not
-                // sent: the original is requeued on its still-open channel. A copy already
-                // handed over gets its verdict (bounded by the confirm timeout, which the
-                // worker's drain waits for) before the channel closes, so a late confirm
-                // never meets a closed channel and a redelivered original.
-                let mut hard = self.hard_stop.clone();
-                let sent = tokio::select! {
-                    biased;
-                    _ = hard.wait_for(|stop| *stop) => None,
-                    r = self.publisher.send(copy) => Some(r),
-                };
-                let outcome = match sent {
-                    None => {
-                        tracing::warn!(copy = ?kind, failure = %failure, "shutdown deadline passed before the copy was sent; requeueing the original");
-                        return self.nack(original, true).await;
-                    }
-                    Some(Ok(pending)) => pending.await,
-                    // Checked above; anything refused here is kept, visibly.
-                    Some(Err(e)) => PublishOutcome::Failed(e),
-                };
-                if outcome.is_confirmed() {
-                    self.consecutive_failures.store(0, Ordering::Relaxed);
-                    let report = match kind {
-                        CopyKind::Retry { .. } => {
-                            Counters::inc(&c.retried);
-                            SettleReport::Retried
-                        }
-                        CopyKind::Park { reason } => {
-                            c.parked(reason);
-                            SettleReport::Parked
-                        }
-                    };
-                    return self.ack(original, report).await;
-                }
-                Counters::inc(&c.settlement_failures);
-                if let (PublishOutcome::Returned { .. }, Some(r)) = (&outcome, &self.redeclare) {
-                    r.run().await;
-                }
-                let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-                let pause = backoff(n, self.max_backoff);
-                tracing::warn!(
-                    copy = ?kind,
-                    outcome = %outcome,
-                    failure = %failure,
-                    requeue_in = ?pause,
-                    "settlement copy not confirmed; the original is NOT acked and will be requeued"
-                );
-                self.pause(pause).await;
-                match self.nack(original, true).await {
-                    SettleReport::ChannelGone => SettleReport::ChannelGone,
-                    _ => SettleReport::CopyNotConfirmed(outcome.label().to_owned()),
                 }
             }
+        };
+        // Past the shutdown deadline a copy not yet handed to the publisher is not
+        // sent: the original is requeued on its still-open channel. A copy already
+        // handed over gets its verdict (bounded by the confirm timeout, which the
+        // worker's drain waits for) before the channel closes, so a late confirm
+        // never meets a closed channel and a redelivered original.
+        let mut hard = self.hard_stop.clone();
+        let sent = tokio::select! {
+            biased;
+            _ = hard.wait_for(|stop| *stop) => None,
+            r = self.publisher.send(copy) => Some(r),
+        };
+        let outcome = match sent {
+            None => {
+                tracing::warn!(copy = ?kind, failure = %failure, "shutdown deadline passed before the copy was sent; requeueing the original");
+                return self.nack(original, true).await;
+            }
+            Some(Ok(pending)) => pending.await,
+            // Checked above; anything refused here is kept, visibly.
+            Some(Err(e)) => PublishOutcome::Failed(e),
+        };
+        if outcome.is_confirmed() {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+            let report = match kind {
+                CopyKind::Retry { .. } => {
+                    Counters::inc(&c.retried);
+                    SettleReport::Retried
+                }
+                CopyKind::Park { reason } => {
+                    c.parked(reason);
+                    SettleReport::Parked
+                }
+            };
+            return self.ack(original, report).await;
+        }
+        Counters::inc(&c.settlement_failures);
+        if let (PublishOutcome::Returned { .. }, Some(r)) = (&outcome, &self.redeclare) {
+            r.run().await;
+        }
+        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let pause = backoff(n, self.max_backoff);
+        tracing::warn!(
+            copy = ?kind,
+            outcome = %outcome,
+            failure = %failure,
+            requeue_in = ?pause,
+            "settlement copy not confirmed; the original is NOT acked and will be requeued"
+        );
+        self.pause(pause).await;
+        match self.nack(original, true).await {
+            SettleReport::ChannelGone => SettleReport::ChannelGone,
+            _ => SettleReport::CopyNotConfirmed(outcome.label().to_owned()),
         }
     }
 
@@ -300,7 +310,7 @@ impl Settler {
             self.requeue_streak.store(0, Ordering::Relaxed);
             return report;
         }
-        let ack = original.acker.ack(BasicAckOptions::default());
+        let ack = original.ack();
         #[cfg(feature = "otel")]
         let ack = tracing::Instrument::instrument(
             ack,
@@ -325,7 +335,7 @@ impl Settler {
     /// by `basic.reject` still does. With reject, the broker's delivery limit bounds a
     /// requeue loop on every version alike.
     async fn nack(&self, original: &Original, requeue: bool) -> SettleReport {
-        let reject = original.acker.reject(BasicRejectOptions { requeue });
+        let reject = original.reject(requeue);
         #[cfg(feature = "otel")]
         let reject = tracing::Instrument::instrument(
             reject,

@@ -1,30 +1,34 @@
 //! Consume throughput: a rabbitkit `Worker` against the best hand-written lapin consumers,
 //! same queue, same process, alternating rounds. 256-byte persistent messages, prefetch 200.
 //!
-//! Each run preloads the work queue with N messages (untimed), then starts the consumer.
-//! The clock (and the CPU meters) start at the first delivery the consumer sees and stop
-//! when the N-th message is settled:
+//! Each run preloads the work queue with N messages (untimed), waits for the broker to be
+//! idle, then starts the consumer. The clock (and the CPU meters) start at the first
+//! delivery the consumer sees and stop when the N-th message is settled:
 //! - success path: settled = acked. rabbitkit: a `Subscriber` whose handler returns `Ok`,
 //!   one ack frame per message, and with ack coalescing (`Subscriber::ack_coalescing`,
-//!   half the prefetch or 5 ms); on a classic and on a quorum work queue. Raw (best found):
-//!   one task polls the consumer stream and a `FuturesUnordered` of per-message `ack`
-//!   futures, so acks are written without the loop waiting for each one, with no spawning;
-//!   on a current-thread and on a multi-thread runtime.
+//!   half the prefetch or 5 ms); on a classic and on a quorum work queue; on a multi-thread
+//!   and on a current-thread runtime. Raw (best found): one task polls the consumer stream
+//!   and a `FuturesUnordered` of per-message `Channel::basic_ack` futures, so acks are
+//!   written without the loop waiting for each one, with no spawning; on both runtimes.
 //! - failure path: settled = a confirmed copy published **and** the original acked after
 //!   that confirm. rabbitkit: the handler always fails; one retry tier (1 h, so no copy comes
-//!   back during a run), classic tiers and quorum tiers (the default). Raw (best found):
-//!   one task polls the consumer stream and a `FuturesUnordered` of per-delivery futures
-//!   "publish the copy (original body and properties plus one header, mandatory, default
-//!   exchange) on a confirm channel of the same connection → await its confirm → ack",
-//!   at most prefetch in flight; copies go to a classic queue and, for the quorum
-//!   comparison, to a quorum queue; on both runtimes.
+//!   back during a run), classic tiers and quorum tiers (the default); both runtimes. Raw
+//!   (best found): one task polls the consumer stream and a `FuturesUnordered` of
+//!   per-delivery futures "publish the copy (original body and properties plus one header,
+//!   mandatory, default exchange) on a confirm channel of the same connection → await its
+//!   confirm → `Channel::basic_ack`", at most prefetch in flight; copies go to a classic
+//!   queue and, for the quorum comparison, to a quorum queue; on both runtimes.
+//!
+//! Raw loops ack with `Channel::basic_ack` on the consumer's channel: the delivery's `Acker`
+//! (lapin 4.12) hands each ack to the connection's internal RPC task, which spawns a task
+//! per ack before the frame is queued, and costs the current-thread loop 10–25 % more CPU.
 //!
 //! `BENCH_ALTERNATIVES=1` (the default) also runs the other raw structures tried, so the
-//! report shows why the baselines above are the best: acks awaited one by one in the loop,
-//! and a task spawned per delivery (success and failure path); and the failure path's loop
-//! with its copies on a second connection, rabbitkit's layout (settlement copies never share
-//! the consumer's connection). Any raw variant that is faster becomes "best raw" in the
-//! ratios.
+//! report shows why the baselines above are the best: acks by the delivery's `Acker`, acks
+//! awaited one by one in the loop, and a task spawned per delivery (success and failure
+//! path); and the failure path's loop with its copies on a second connection, rabbitkit's
+//! layout (settlement copies never share the consumer's connection). Any raw variant that is
+//! faster becomes "best raw" in the ratios.
 //!
 //! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID`,
 //! `BENCH_ROUNDS` (5), `BENCH_OK_MESSAGES` (20000), `BENCH_FAIL_MESSAGES` (10000),
@@ -60,18 +64,22 @@ enum Shape {
     /// only): rabbitkit's layout, where settlement copies never share the consumer's
     /// connection.
     SecondConnection,
+    /// As `Unordered`, acking with `Channel::basic_ack` on the consumer's channel instead
+    /// of the delivery's `Acker` (which goes through lapin's internal RPC task and spawns
+    /// a task per ack).
+    ChannelAck,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
     /// Acks on a work queue of this type.
     RawOk(Flavor, Shape, QueueType),
-    /// On a work queue of this type; acks coalesced or not.
-    KitOk(QueueType, bool),
+    /// On this runtime, on a work queue of this type; acks coalesced or not.
+    KitOk(Flavor, QueueType, bool),
     /// Copies into a queue of this type.
     RawFail(Flavor, Shape, QueueType),
-    /// Copies into tiers of this type.
-    KitFail(QueueType),
+    /// On this runtime, copies into tiers of this type.
+    KitFail(Flavor, QueueType),
 }
 
 fn qt(t: QueueType) -> &'static str {
@@ -90,6 +98,9 @@ impl Variant {
             Shape::SecondConnection => {
                 format!("1 task, FuturesUnordered of {what}, copies on a second connection")
             }
+            Shape::ChannelAck => {
+                format!("1 task, FuturesUnordered of {what}, acks by Channel::basic_ack")
+            }
         };
         match self {
             Variant::RawOk(f, s, w) => format!(
@@ -98,12 +109,15 @@ impl Variant {
                 shape(s, "acks"),
                 f.label()
             ),
-            Variant::KitOk(w, false) => format!("rabbitkit Ok, {} queue, multi-thread", qt(w)),
-            Variant::KitOk(w, true) => format!(
-                "rabbitkit Ok, {} queue, acks coalesced ({}, {} ms), multi-thread",
+            Variant::KitOk(f, w, false) => {
+                format!("rabbitkit Ok, {} queue, {}", qt(w), f.label())
+            }
+            Variant::KitOk(f, w, true) => format!(
+                "rabbitkit Ok, {} queue, acks coalesced ({}, {} ms), {}",
                 qt(w),
                 kit::COALESCE.0,
-                kit::COALESCE.1.as_millis()
+                kit::COALESCE.1.as_millis(),
+                f.label()
             ),
             Variant::RawFail(f, s, t) => format!(
                 "raw lapin, {}, copy → {} queue, {}",
@@ -111,7 +125,7 @@ impl Variant {
                 qt(t),
                 f.label()
             ),
-            Variant::KitFail(t) => format!("rabbitkit retry, {} tiers, multi-thread", qt(t)),
+            Variant::KitFail(f, t) => format!("rabbitkit retry, {} tiers, {}", qt(t), f.label()),
         }
     }
 
@@ -122,15 +136,17 @@ impl Variant {
     /// The type of the work queue this variant consumes.
     fn work(self) -> QueueType {
         match self {
-            Variant::RawOk(_, _, w) | Variant::KitOk(w, _) => w,
-            Variant::RawFail(..) | Variant::KitFail(_) => QueueType::Classic,
+            Variant::RawOk(_, _, w) | Variant::KitOk(_, w, _) => w,
+            Variant::RawFail(..) | Variant::KitFail(..) => QueueType::Classic,
         }
     }
 
     fn flavor(self) -> Flavor {
         match self {
-            Variant::RawOk(f, ..) | Variant::RawFail(f, ..) => f,
-            Variant::KitOk(..) | Variant::KitFail(_) => Flavor::Multi,
+            Variant::RawOk(f, ..)
+            | Variant::RawFail(f, ..)
+            | Variant::KitOk(f, ..)
+            | Variant::KitFail(f, _) => f,
         }
     }
 }
@@ -163,7 +179,7 @@ impl Ctx {
         match v {
             Variant::RawFail(_, _, QueueType::Classic) => Some(self.raw_copies_classic.clone()),
             Variant::RawFail(_, _, QueueType::Quorum) => Some(self.raw_copies_quorum.clone()),
-            Variant::KitFail(t) => Some(kit::copies_queue(&self.queue, t)),
+            Variant::KitFail(_, t) => Some(kit::copies_queue(&self.queue, t)),
             _ => None,
         }
     }
@@ -199,8 +215,8 @@ impl Ctx {
                 self.raw(self.work(v), n, shape, Some((copies.as_str(), t)))
                     .await
             }
-            Variant::KitOk(w, coalesce) => self.kit(v, n, Spec::ok(w, coalesce)).await,
-            Variant::KitFail(t) => self.kit(v, n, Spec::fail(t)).await,
+            Variant::KitOk(_, w, coalesce) => self.kit(v, n, Spec::ok(w, coalesce)).await,
+            Variant::KitFail(_, t) => self.kit(v, n, Spec::fail(t)).await,
         };
         Meter::sample(n, &start, &end)
     }
@@ -252,7 +268,8 @@ impl Ctx {
         let copy_to = pch.as_ref().zip(target);
         let mut start = None;
         let end = match shape {
-            Shape::Unordered | Shape::SecondConnection => {
+            Shape::Unordered | Shape::SecondConnection | Shape::ChannelAck => {
+                let ack_on = (shape == Shape::ChannelAck).then_some(&ch);
                 let mut pending = FuturesUnordered::new();
                 let (mut received, mut settled) = (0, 0);
                 while settled < n {
@@ -265,7 +282,7 @@ impl Ctx {
                                 start = Some(self.meter.mark());
                             }
                             received += 1;
-                            pending.push(settle(d, copy_to));
+                            pending.push(settle(d, copy_to, ack_on));
                         }
                     }
                 }
@@ -281,7 +298,7 @@ impl Ctx {
                     if start.is_none() {
                         start = Some(self.meter.mark());
                     }
-                    settle(d, copy_to).await;
+                    settle(d, copy_to, None).await;
                 }
                 self.meter.mark()
             }
@@ -299,7 +316,7 @@ impl Ctx {
                     let tx = tx.clone();
                     let owned = copy_to.map(|(c, q)| (c.clone(), q.to_owned()));
                     tokio::spawn(async move {
-                        settle(d, owned.as_ref().map(|(c, q)| (c, q.as_str()))).await;
+                        settle(d, owned.as_ref().map(|(c, q)| (c, q.as_str())), None).await;
                         let _ = tx.send(());
                     });
                 }
@@ -326,8 +343,12 @@ impl Ctx {
 }
 
 /// Settles one delivery: publishes its copy to `copy` (channel, queue) and awaits the
-/// confirm, if given; then acks it.
-async fn settle(d: lapin::message::Delivery, copy: Option<(&Channel, &str)>) {
+/// confirm, if given; then acks it (with `ack_on`'s `basic_ack` if given, else its acker).
+async fn settle(
+    d: lapin::message::Delivery,
+    copy: Option<(&Channel, &str)>,
+    ack_on: Option<&Channel>,
+) {
     if let Some((pch, target)) = copy {
         let mut headers = d.properties.headers().clone().unwrap_or_default();
         headers.insert("x-bench-attempt".into(), AMQPValue::LongLongInt(2));
@@ -346,10 +367,16 @@ async fn settle(d: lapin::message::Delivery, copy: Option<(&Channel, &str)>) {
             .expect("publish copy");
         common::check_confirm(confirm.await);
     }
-    assert!(
-        d.ack(BasicAckOptions::default()).await.expect("ack"),
-        "ack: channel gone"
-    );
+    match ack_on {
+        Some(ch) => ch
+            .basic_ack(d.delivery_tag, BasicAckOptions::default())
+            .await
+            .expect("basic.ack"),
+        None => assert!(
+            d.ack(BasicAckOptions::default()).await.expect("ack"),
+            "ack: channel gone"
+        ),
+    }
 }
 
 fn main() {
@@ -392,30 +419,45 @@ fn main() {
     );
 
     let run = |v: Variant, n: usize| -> Sample {
-        rts.block_on(Flavor::Multi, ctx.prepare(v, n));
+        rts.block_on(Flavor::Multi, async {
+            ctx.prepare(v, n).await;
+            common::quiesce().await;
+        });
         let s = rts.block_on(v.flavor(), ctx.measure(v, n));
         rts.block_on(Flavor::Multi, ctx.check(v, n));
         s
     };
 
+    // The raw loops that were fastest in every run go first; the other structures tried
+    // (`BENCH_ALTERNATIVES`) show why. rabbitkit runs on both runtimes: the multi-thread
+    // one most services use, and a current-thread one, the raw loops' best.
+    let kit_flavors = [Flavor::Multi, Flavor::Current];
     let mut ok = Vec::new();
     for w in [QueueType::Classic, QueueType::Quorum] {
         ok.extend([
-            Variant::RawOk(Flavor::Current, Shape::Unordered, w),
-            Variant::RawOk(Flavor::Multi, Shape::Unordered, w),
-            Variant::KitOk(w, false),
-            Variant::KitOk(w, true),
+            Variant::RawOk(Flavor::Current, Shape::ChannelAck, w),
+            Variant::RawOk(Flavor::Multi, Shape::ChannelAck, w),
         ]);
+        for f in kit_flavors {
+            ok.extend([Variant::KitOk(f, w, false), Variant::KitOk(f, w, true)]);
+        }
     }
-    let mut fail = vec![
-        Variant::RawFail(Flavor::Current, Shape::Unordered, QueueType::Classic),
-        Variant::RawFail(Flavor::Multi, Shape::Unordered, QueueType::Classic),
-        Variant::KitFail(QueueType::Classic),
-        Variant::RawFail(Flavor::Current, Shape::Unordered, QueueType::Quorum),
-        Variant::RawFail(Flavor::Multi, Shape::Unordered, QueueType::Quorum),
-        Variant::KitFail(QueueType::Quorum),
-    ];
+    let mut fail = Vec::new();
+    for t in [QueueType::Classic, QueueType::Quorum] {
+        fail.extend([
+            Variant::RawFail(Flavor::Current, Shape::ChannelAck, t),
+            Variant::RawFail(Flavor::Multi, Shape::ChannelAck, t),
+        ]);
+        for f in kit_flavors {
+            fail.push(Variant::KitFail(f, t));
+        }
+    }
     if alternatives {
+        for w in [QueueType::Classic, QueueType::Quorum] {
+            for f in [Flavor::Current, Flavor::Multi] {
+                ok.push(Variant::RawOk(f, Shape::Unordered, w));
+            }
+        }
         ok.push(Variant::RawOk(
             Flavor::Current,
             Shape::Awaited,
@@ -432,6 +474,9 @@ fn main() {
             QueueType::Classic,
         ));
         for t in [QueueType::Classic, QueueType::Quorum] {
+            for f in [Flavor::Current, Flavor::Multi] {
+                fail.push(Variant::RawFail(f, Shape::Unordered, t));
+            }
             fail.push(Variant::RawFail(Flavor::Multi, Shape::SecondConnection, t));
         }
     }
@@ -477,35 +522,37 @@ fn main() {
             .collect();
         let raws: Vec<Series> = of_w.iter().map(|(_, s)| s.clone()).collect();
         let best = Report::best_raw(&raws).expect("a raw variant").clone();
-        let kit_of = |c: bool| {
-            of_w.iter()
-                .find(|(v, _)| *v == Variant::KitOk(w, c))
-                .map(|(_, s)| s.clone())
-                .expect("rabbitkit variant")
-        };
-        let (each, coalesced) = (kit_of(false), kit_of(true));
-        let q = qt(w);
-        report.compare(
-            &format!("success path ({q} queue)"),
-            &each,
-            &best,
-            Some(1.0),
-            Some(1.5),
-        );
-        report.compare(
-            &format!("success path, acks coalesced ({q} queue)"),
-            &coalesced,
-            &best,
-            Some(1.3),
-            Some(1.5),
-        );
-        report.compare(
-            &format!("ack coalescing gain ({q} queue)"),
-            &coalesced,
-            &each,
-            None,
-            None,
-        );
+        for f in kit_flavors {
+            let kit_of = |c: bool| {
+                of_w.iter()
+                    .find(|(v, _)| *v == Variant::KitOk(f, w, c))
+                    .map(|(_, s)| s.clone())
+                    .expect("rabbitkit variant")
+            };
+            let (each, coalesced) = (kit_of(false), kit_of(true));
+            let q = format!("{} queue, rabbitkit {}", qt(w), f.label());
+            report.compare(
+                &format!("success path ({q})"),
+                &each,
+                &best,
+                Some(1.0),
+                Some(1.5),
+            );
+            report.compare(
+                &format!("success path, acks coalesced ({q})"),
+                &coalesced,
+                &best,
+                Some(1.3),
+                Some(1.5),
+            );
+            report.compare(
+                &format!("ack coalescing gain ({q})"),
+                &coalesced,
+                &each,
+                None,
+                None,
+            );
+        }
     }
     report.table(
         &format!(
@@ -517,7 +564,7 @@ fn main() {
         fail.iter()
             .zip(&fail_series)
             .filter(|((v, _), _)| match v {
-                Variant::RawFail(_, _, q) | Variant::KitFail(q) => *q == t,
+                Variant::RawFail(_, _, q) | Variant::KitFail(_, q) => *q == t,
                 _ => false,
             })
             .map(|(_, s)| s.clone())

@@ -90,6 +90,7 @@ impl Ctx {
         let admin_conn = common::connect(&self.url).await;
         let admin = admin_conn.create_channel().await.expect("admin channel");
         common::purge(&admin, &self.queue).await;
+        common::quiesce().await;
         let sample = match v {
             Variant::Raw(_) | Variant::RawWhole(_) => {
                 let conn = common::connect(&self.url).await;

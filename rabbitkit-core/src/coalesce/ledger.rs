@@ -4,23 +4,22 @@
 //! Why it must be this careful: RabbitMQ applies `basic.ack multiple=true` to every
 //! unacknowledged delivery of the channel up to the tag, and answers an ack, nack or reject
 //! of a tag it no longer knows with `PRECONDITION_FAILED`, closing the channel (every other
-//! unacked delivery is then redelivered). lapin 4.12 does not track multiple acks: each
-//! delivery's `Acker` has its own "used" switch, the ackers of the tags a multiple ack
-//! covered stay usable, and `Acker::ack`/`reject` hand the frame to a task of their own, so
-//! two settlements issued one after the other may be written in either order. Hence:
+//! unacked delivery is then redelivered). lapin 4.12 does not track multiple acks: the
+//! deliveries a multiple ack covered look unsettled to it. Hence:
 //! - a tag leaves the ledger only once the frame that settles it has been written (its
 //!   future resolved), so a later multiple ack never overtakes an earlier nack of a lower
 //!   tag, nor an earlier ack it would make a second ack of;
 //! - one task per channel sends the flushes, one at a time;
-//! - a held delivery's acker is never used again once its tag was flushed (the pipeline's
-//!   guard asks [`Original::unsettled`], not the acker).
+//! - a held delivery is never settled again once its tag was flushed (the pipeline's guard
+//!   asks [`Original::unsettled`], which asks the ledger).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lapin::Acker;
-use lapin::options::BasicAckOptions;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::{Acker, Channel};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -166,7 +165,10 @@ impl<A> State<A> {
 
 /// The ledger of one consume channel (see the [module docs](self)).
 pub(crate) struct Ledger {
-    state: Mutex<State<Acker>>,
+    /// A held slot keeps its own tag (the acker type of the pure part).
+    state: Mutex<State<u64>>,
+    /// The channel the tags belong to: every flush acks on it.
+    channel: Arc<Channel>,
     cfg: AckCoalescing,
     counters: Arc<Counters>,
     /// Wakes the flusher: the first held ack (arms the timer), a full batch, closing.
@@ -182,7 +184,7 @@ impl std::fmt::Debug for Ledger {
 }
 
 impl Ledger {
-    fn lock(&self) -> MutexGuard<'_, State<Acker>> {
+    fn lock(&self) -> MutexGuard<'_, State<u64>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -192,10 +194,10 @@ impl Ledger {
         self.lock().slots.insert(tag, Slot::Busy);
     }
 
-    fn hold(&self, tag: u64, acker: &Acker) -> bool {
+    fn hold(&self, tag: u64) -> bool {
         let held = {
             let mut s = self.lock();
-            match s.hold(tag, acker.clone(), Instant::now()) {
+            match s.hold(tag, tag, Instant::now()) {
                 Ok(()) => Some(s.held),
                 Err(_) => None,
             }
@@ -246,19 +248,21 @@ impl Ledger {
     async fn flush(&self, force: bool) {
         let batch = self.lock().take(force, usize::from(self.cfg.max_acks));
         let mut sends = Vec::with_capacity(batch.singles.len() + 1);
-        if let Some((acker, n)) = batch.run {
-            sends.push(Box::pin(self.send(acker, n, None)));
+        if let Some((top, n)) = batch.run {
+            sends.push(Box::pin(self.send(top, n, None)));
         }
-        for (tag, acker) in batch.singles {
-            sends.push(Box::pin(self.send(acker, 1, Some(tag))));
+        for (tag, _) in batch.singles {
+            sends.push(Box::pin(self.send(tag, 1, Some(tag))));
         }
         futures_util::future::join_all(sends).await;
     }
 
-    /// Acks `n` deliveries with `acker` (the highest of them; `multiple` when `n > 1`).
+    /// Acks `n` deliveries up to `top` (the highest of them; `multiple` when `n > 1`).
     /// `single` is the tag of a `Sending` slot, forgotten once written.
-    async fn send(&self, acker: Acker, n: usize, single: Option<u64>) {
-        let ack = acker.ack(BasicAckOptions { multiple: n > 1 });
+    async fn send(&self, top: u64, n: usize, single: Option<u64>) {
+        let ack = self
+            .channel
+            .basic_ack(top, BasicAckOptions { multiple: n > 1 });
         #[cfg(feature = "otel")]
         let ack = tracing::Instrument::instrument(
             ack,
@@ -270,23 +274,13 @@ impl Ledger {
         }
         let n = u64::try_from(n).unwrap_or(u64::MAX);
         match sent {
-            Ok(true) => {
+            Ok(()) => {
                 Counters::add(&self.counters.acked, n);
                 Counters::inc(&self.counters.ack_frames);
             }
-            other => {
+            Err(e) => {
                 Counters::add(&self.counters.ack_lost, n);
-                match other.err() {
-                    Some(e) => {
-                        tracing::warn!(acks = n, error = %e, "held acks found their channel gone; the broker will redeliver")
-                    }
-                    None => {
-                        tracing::warn!(
-                            acks = n,
-                            "held acks found their channel gone; the broker will redeliver"
-                        )
-                    }
-                }
+                tracing::warn!(acks = n, error = %e, "held acks found their channel gone; the broker will redeliver");
             }
         }
     }
@@ -301,9 +295,14 @@ pub(crate) struct ChannelAcks {
 
 impl ChannelAcks {
     /// A ledger for a new channel, its flusher running.
-    pub(crate) fn start(cfg: AckCoalescing, counters: Arc<Counters>) -> Self {
+    pub(crate) fn start(
+        cfg: AckCoalescing,
+        channel: Arc<Channel>,
+        counters: Arc<Counters>,
+    ) -> Self {
         let ledger = Arc::new(Ledger {
             state: Mutex::new(State::default()),
+            channel,
             cfg,
             counters,
             wake: Notify::new(),
@@ -342,38 +341,115 @@ impl Drop for ChannelAcks {
     }
 }
 
-/// The original delivery as settlements see it: its acker, its tag, and the ledger of its
-/// channel when acks are coalesced.
+/// The original delivery as settlements see it: its channel, its tag, a single-use switch,
+/// and the ledger of its channel when acks are coalesced. Cloned by every part of a
+/// pipeline that may settle it; exactly one settlement frame is ever sent for it.
+///
+/// Settlement frames go straight to the delivery's own channel (`Channel::basic_ack` and
+/// friends), not through lapin's `Acker`: lapin 4.12 routes an acker's frame through its
+/// connection's internal RPC task, which spawns a task per ack before the frame is queued
+/// (two more task wake-ups per delivery; docs/PROFILE.md). Frames queued on one channel are
+/// written in the order they were queued.
 #[derive(Clone)]
-pub(crate) struct Original {
-    pub(crate) acker: Acker,
+pub(crate) struct Original(Arc<Settle>);
+
+struct Settle {
+    channel: Arc<Channel>,
+    /// Set when the channel closes or fails (lapin's per-channel poison).
+    poison: Acker,
     tag: u64,
+    /// Set by the first settlement: no second frame for this tag, ever.
+    used: AtomicBool,
     ledger: Option<Arc<Ledger>>,
 }
 
 impl Original {
-    pub(crate) fn new(acker: Acker, tag: u64, ledger: Option<Arc<Ledger>>) -> Self {
-        Self { acker, tag, ledger }
+    /// `acker`: the delivery's own, read only for its channel's state (never used to settle).
+    pub(crate) fn new(
+        channel: Arc<Channel>,
+        acker: Acker,
+        tag: u64,
+        ledger: Option<Arc<Ledger>>,
+    ) -> Self {
+        Self(Arc::new(Settle {
+            channel,
+            poison: acker,
+            tag,
+            used: AtomicBool::new(false),
+            ledger,
+        }))
     }
 
-    /// Neither settled nor held: what the pipeline's guard must requeue. A held ack's acker
-    /// is still usable in lapin's eyes, and must stay untouched.
+    /// Not settled yet, and its channel still open.
+    pub(crate) fn usable(&self) -> bool {
+        !self.0.used.load(Ordering::Acquire) && !self.0.poison.poisoned()
+    }
+
+    /// Neither settled nor held: what the pipeline's guard must requeue. A held ack's
+    /// delivery is still unsettled in lapin's eyes, and must stay untouched.
     pub(crate) fn unsettled(&self) -> bool {
-        self.acker.usable() && self.ledger.as_ref().is_none_or(|l| l.is_busy(self.tag))
+        self.usable() && self.0.ledger.as_ref().is_none_or(|l| l.is_busy(self.0.tag))
+    }
+
+    /// Takes the single settlement: false when it was taken or the channel is gone.
+    fn take(&self) -> bool {
+        !self.0.poison.poisoned() && !self.0.used.swap(true, Ordering::AcqRel)
+    }
+
+    /// Acks the delivery. `Ok(false)`: settled already, or its channel was gone; `Err`: the
+    /// channel failed before the frame was written. Either way the broker redelivers unless
+    /// an earlier settlement reached it.
+    pub(crate) async fn ack(&self) -> Result<bool, lapin::Error> {
+        if !self.take() {
+            return Ok(false);
+        }
+        let s = &self.0;
+        s.channel
+            .basic_ack(s.tag, BasicAckOptions { multiple: false })
+            .await
+            .map(|()| true)
+    }
+
+    /// Rejects the delivery, requeued or not (as [`Original::ack`]).
+    pub(crate) async fn reject(&self, requeue: bool) -> Result<bool, lapin::Error> {
+        if !self.take() {
+            return Ok(false);
+        }
+        let s = &self.0;
+        s.channel
+            .basic_reject(s.tag, BasicRejectOptions { requeue })
+            .await
+            .map(|()| true)
+    }
+
+    /// Nack-requeues the delivery (as [`Original::ack`]).
+    pub(crate) async fn nack_requeue(&self) -> Result<bool, lapin::Error> {
+        if !self.take() {
+            return Ok(false);
+        }
+        let s = &self.0;
+        s.channel
+            .basic_nack(
+                s.tag,
+                BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                },
+            )
+            .await
+            .map(|()| true)
     }
 
     /// Hands a due ack to the ledger. False when there is none or it is closed: ack now.
     pub(crate) fn hold(&self) -> bool {
-        self.ledger
-            .as_ref()
-            .is_some_and(|l| l.hold(self.tag, &self.acker))
+        self.0.ledger.as_ref().is_some_and(|l| l.hold(self.0.tag))
     }
 
     /// The frame settling this delivery was written (or never will be): a multiple ack
     /// may now cover its tag.
     pub(crate) fn done(&self) {
-        if let Some(l) = &self.ledger {
-            l.done(self.tag);
+        if let Some(l) = &self.0.ledger {
+            l.done(self.0.tag);
         }
     }
 
@@ -384,13 +460,13 @@ impl Original {
     where
         F: std::future::Future + Send + 'static,
     {
-        let Some(ledger) = self.ledger.clone() else {
+        let Some(ledger) = self.0.ledger.clone() else {
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let tag = self.tag;
+        let tag = self.0.tag;
         rt.spawn(async move {
             written.await;
             ledger.done(tag);

@@ -154,9 +154,11 @@ impl SubscriberTask {
             };
             // Tags are per channel: a new channel gets a new ledger, so no ack ever crosses
             // to a replacement channel.
-            let acks = self
-                .coalescing
-                .map(|c| ChannelAcks::start(c, self.pipeline.runner.counters.clone()));
+            // Shared by every pipeline of this channel: each settles on it directly.
+            let channel = Arc::new(channel);
+            let acks = self.coalescing.map(|c| {
+                ChannelAcks::start(c, channel.clone(), self.pipeline.runner.counters.clone())
+            });
             self.ready.store(true, Ordering::Release);
             tracing::info!(%queue, %node, prefetch = self.prefetch, concurrency = self.concurrency, "consuming");
             let subscribed = tokio::time::Instant::now();
@@ -175,6 +177,7 @@ impl SubscriberTask {
                 match item {
                     Some(Ok(delivery)) => {
                         let p = self.pipeline.clone();
+                        let on = channel.clone();
                         let token = in_flight.clone();
                         // Registered in tag order, before any pipeline can settle it.
                         let ledger = acks.as_ref().map(|a| {
@@ -186,7 +189,7 @@ impl SubscriberTask {
                         // its task cell is as large (the profile found three 6 KiB copies
                         // per delivery, docs/PROFILE.md); a box is moved as a pointer.
                         tokio::spawn(Box::pin(async move {
-                            p.process(delivery, ledger).await;
+                            p.process(delivery, on, ledger).await;
                             drop(permit);
                             drop(token);
                         }));

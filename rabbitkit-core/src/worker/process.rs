@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -48,18 +47,11 @@ impl Drop for Unsettled {
         if !self.original.unsettled() {
             return;
         }
-        // lapin's `Acker::nack` marks the acker used and queues the frame on its first
-        // poll (lapin 4.12 `acker.rs`): one poll sends it, no runtime needed. Only a
-        // coalescing ledger waits for the write (its multiple acks must not overtake it).
-        let acker = self.original.acker.clone();
-        let mut nack = Box::pin(async move {
-            acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await
-        });
+        // `Channel::basic_nack` queues the frame on its first poll (lapin 4.12
+        // `send_method_frame`): one poll sends it, no runtime needed. Only a coalescing
+        // ledger waits for the write (its multiple acks must not overtake it).
+        let original = self.original.clone();
+        let mut nack = Box::pin(async move { original.nack_requeue().await });
         match (&mut nack).now_or_never() {
             Some(sent) => {
                 self.original.done();
@@ -146,9 +138,14 @@ impl SettleSink for RuntimeSink {
 }
 
 impl Pipeline {
-    /// Runs one delivery to its settlement. `ledger`: its channel's, when acks are
-    /// coalesced (the consume loop registered the tag in it).
-    pub(super) async fn process(&self, raw: lapin::message::Delivery, ledger: Option<Arc<Ledger>>) {
+    /// Runs one delivery to its settlement on `channel`, the one it came from. `ledger`:
+    /// that channel's, when acks are coalesced (the consume loop registered the tag in it).
+    pub(super) async fn process(
+        &self,
+        raw: lapin::message::Delivery,
+        channel: Arc<lapin::Channel>,
+        ledger: Option<Arc<Ledger>>,
+    ) {
         let spec = &self.runner.spec;
         let c = &self.runner.counters;
         Counters::inc(&c.consumed);
@@ -168,14 +165,14 @@ impl Pipeline {
             Counters::inc(&c.ack_lost);
             return;
         }
-        let original = Original::new(acker, delivery_tag, ledger);
+        let original = Original::new(channel, acker, delivery_tag, ledger);
         let _guard = Unsettled {
             original: original.clone(),
             counters: c.clone(),
         };
         if spec.policy == AckPolicy::AckFirst {
             // Never held: at-most-once means the ack is written before the handler runs.
-            let sent = original.acker.ack(BasicAckOptions::default()).await;
+            let sent = original.ack().await;
             original.done();
             match sent {
                 Ok(true) => {
