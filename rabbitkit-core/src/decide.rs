@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
 use crate::delivery::Delivery;
 use crate::envelope::Envelope;
@@ -282,13 +282,15 @@ fn retry_or_park(
             // RabbitMQ 3.10 quorum tier recovered from a `kill -9` without it, and its
             // copies stayed for ever). The broker removes `expiration` when it dead-letters
             // the copy, so the message does not expire in the work queue.
-            let tier_copy = copy(d, retry::retry_exchange(&spec.queue), tier_queue, h);
-            let p = tier_copy
-                .basic_properties()
-                .clone()
-                .with_expiration(tier.as_millis().to_string().into());
+            let tier_copy = copy(
+                d,
+                retry::retry_exchange(&spec.queue),
+                tier_queue,
+                h,
+                Some(tier.as_millis().to_string().into()),
+            );
             Decision::Republish {
-                copy: tier_copy.properties(p),
+                copy: tier_copy,
                 kind: CopyKind::Retry { tier, next_attempt },
                 failure,
             }
@@ -317,7 +319,7 @@ fn park(spec: &SettleSpec, d: &Delivery, reason: ParkReason, failure: Failure) -
     );
     h.insert(headers::PARK_REASON.into(), long_string(reason.as_str()));
     Decision::Republish {
-        copy: copy(d, String::new(), retry::parking_queue(&spec.queue), h),
+        copy: copy(d, String::new(), retry::parking_queue(&spec.queue), h, None),
         kind: CopyKind::Park { reason },
         failure,
     }
@@ -354,13 +356,22 @@ fn evidence(spec: &SettleSpec, d: &Delivery, failure: &Failure) -> FieldTable {
     h
 }
 
-/// A persistent copy with the original's identifying properties and no expiration (a retry
-/// copy gets its tier's).
-fn copy(d: &Delivery, exchange: String, routing_key: String, headers: FieldTable) -> Envelope {
+/// A persistent copy with the original's identifying properties and `expiration` (a retry
+/// copy gets its tier's delay; the original's own expiration is never copied).
+fn copy(
+    d: &Delivery,
+    exchange: String,
+    routing_key: String,
+    headers: FieldTable,
+    expiration: Option<ShortString>,
+) -> Envelope {
     let o = d.properties();
     let mut p = BasicProperties::default()
         .with_delivery_mode(2)
         .with_headers(headers);
+    if let Some(v) = expiration {
+        p = p.with_expiration(v);
+    }
     if let Some(v) = o.message_id() {
         p = p.with_message_id(v.clone());
     }

@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lapin::BasicProperties;
 
@@ -62,6 +63,10 @@ pub(crate) fn broker_count(properties: &BasicProperties) -> u32 {
 #[derive(Debug, Default)]
 pub(crate) struct Requeues {
     inner: Mutex<Table>,
+    /// How many messages the table holds, written under the lock: every delivery asks
+    /// the table twice (`get`, then `forget` once settled), and while nothing was
+    /// requeued, which is nearly always, both answer from this without the lock.
+    live: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -73,7 +78,7 @@ struct Table {
 impl Requeues {
     /// Requeues this worker has made of the message.
     pub(crate) fn get(&self, key: Key) -> u32 {
-        if key == UNCOUNTED {
+        if key == UNCOUNTED || self.live.load(Ordering::Acquire) == 0 {
             return 0;
         }
         let t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -100,15 +105,20 @@ impl Requeues {
                 }
                 counts.insert(key, seen.saturating_add(1));
                 order.push_back(key);
+                self.live.store(counts.len(), Ordering::Release);
             }
         }
     }
 
     /// The message left the queue (acked, retried, parked, rejected): forget it.
     pub(crate) fn forget(&self, key: Key) {
+        if key == UNCOUNTED || self.live.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if t.counts.remove(&key).is_some() {
             t.order.retain(|k| *k != key);
+            self.live.store(t.counts.len(), Ordering::Release);
         }
     }
 }

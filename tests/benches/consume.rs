@@ -60,7 +60,7 @@ enum Shape {
     Awaited,
     /// A task spawned per delivery.
     Spawned,
-    /// As `Unordered`, with the copies published on a second connection (failure path
+    /// As `ChannelAck`, with the copies published on a second connection (failure path
     /// only): rabbitkit's layout, where settlement copies never share the consumer's
     /// connection.
     SecondConnection,
@@ -96,7 +96,9 @@ impl Variant {
             Shape::Awaited => format!("{what} awaited one by one"),
             Shape::Spawned => format!("task spawned per delivery ({what})"),
             Shape::SecondConnection => {
-                format!("1 task, FuturesUnordered of {what}, copies on a second connection")
+                format!(
+                    "1 task, FuturesUnordered of {what}, copies on a second connection, acks by Channel::basic_ack"
+                )
             }
             Shape::ChannelAck => {
                 format!("1 task, FuturesUnordered of {what}, acks by Channel::basic_ack")
@@ -269,7 +271,8 @@ impl Ctx {
         let mut start = None;
         let end = match shape {
             Shape::Unordered | Shape::SecondConnection | Shape::ChannelAck => {
-                let ack_on = (shape == Shape::ChannelAck).then_some(&ch);
+                let ack_on =
+                    matches!(shape, Shape::ChannelAck | Shape::SecondConnection).then_some(&ch);
                 let mut pending = FuturesUnordered::new();
                 let (mut received, mut settled) = (0, 0);
                 while settled < n {

@@ -82,8 +82,14 @@ struct Wakes {
 }
 
 impl Wakes {
-    fn take(&self) -> Vec<u64> {
-        std::mem::take(&mut *self.seqs.lock().unwrap_or_else(|p| p.into_inner()))
+    /// Moves the publishes that woke into `out` (empty), leaving `out`'s old allocation in
+    /// their place: the two buffers trade places, and neither is reallocated per pass.
+    fn take_into(&self, out: &mut Vec<u64>) {
+        out.clear();
+        std::mem::swap(
+            &mut *self.seqs.lock().unwrap_or_else(|p| p.into_inner()),
+            out,
+        );
     }
 }
 
@@ -247,6 +253,10 @@ struct Lane {
     /// Deadlines of unreported entries.
     deadlines: BTreeSet<(Instant, u64)>,
     wakes: Arc<Wakes>,
+    /// Reused by every pass of [`Lane::settle_confirms`]: the publishes that woke, and the
+    /// confirms that resolved.
+    woke: Vec<u64>,
+    resolved: Vec<(u64, lapin::Result<Confirmation>)>,
     timer: Pin<Box<Sleep>>,
     armed: Option<Instant>,
 }
@@ -277,6 +287,8 @@ impl Lane {
             returns: HashMap::new(),
             deadlines: BTreeSet::new(),
             wakes: Arc::default(),
+            woke: Vec::new(),
+            resolved: Vec::new(),
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             armed: None,
         }
@@ -329,12 +341,14 @@ impl Lane {
     /// Polls the confirms that woke and the write in progress, then reports what resolved,
     /// after the acknowledgement barrier (see the module docs).
     fn settle_confirms(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut resolved: Vec<(u64, lapin::Result<Confirmation>)> = Vec::new();
+        let mut resolved = std::mem::take(&mut self.resolved);
+        let mut woke = std::mem::take(&mut self.woke);
         let mut progress = false;
         loop {
             let before = resolved.len();
             let mut saw = false;
-            for seq in self.wakes.take() {
+            self.wakes.take_into(&mut woke);
+            for &seq in &woke {
                 if let Some(result) = self.poll_confirm(seq) {
                     self.file_return(seq, &result);
                     resolved.push((seq, result));
@@ -360,10 +374,12 @@ impl Lane {
                 self.barrier();
             }
         }
-        for (seq, result) in resolved {
+        for (seq, result) in resolved.drain(..) {
             self.finish(seq, result);
             progress = true;
         }
+        self.resolved = resolved;
+        self.woke = woke;
         progress
     }
 
@@ -472,8 +488,13 @@ impl Lane {
             return;
         };
         if entry.reply.is_some() {
-            let key = (entry.epoch, entry.id.0.clone(), entry.id.1);
-            let returned = self.returns.get(&key).cloned();
+            // Nearly always empty: no key (and no id clone) to build then.
+            let returned = if self.returns.is_empty() {
+                None
+            } else {
+                let key = (entry.epoch, entry.id.0.clone(), entry.id.1);
+                self.returns.get(&key).cloned()
+            };
             let outcome = match (result, returned) {
                 (
                     Ok(Confirmation::Ack(_) | Confirmation::Nack(_)),
