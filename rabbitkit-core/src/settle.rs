@@ -306,11 +306,16 @@ impl Settler {
     /// Acks the original, or holds its ack when acks are coalesced: the channel's ledger
     /// then sends it (and counts it) within the coalescing bounds.
     async fn ack(&self, original: &Original, report: SettleReport) -> SettleReport {
+        // Taken before holding: a held ack is a settlement in progress, and nothing else
+        // may settle the delivery meanwhile.
+        if !original.take() {
+            return self.lost(None);
+        }
         if original.hold() {
             self.requeue_streak.store(0, Ordering::Relaxed);
             return report;
         }
-        let ack = original.ack();
+        let ack = original.ack_taken();
         #[cfg(feature = "otel")]
         let ack = tracing::Instrument::instrument(
             ack,

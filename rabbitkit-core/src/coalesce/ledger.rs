@@ -8,10 +8,11 @@
 //! deliveries a multiple ack covered look unsettled to it. Hence:
 //! - a tag leaves the ledger only once the frame that settles it has been written (its
 //!   future resolved), so a later multiple ack never overtakes an earlier nack of a lower
-//!   tag, nor an earlier ack it would make a second ack of;
+//!   tag, nor an earlier ack it would make a second ack of (the tags of a flushed run leave
+//!   when the flush takes them: no unsettled tag is left below them);
 //! - one task per channel sends the flushes, one at a time;
-//! - a held delivery is never settled again once its tag was flushed (the pipeline's guard
-//!   asks [`Original::unsettled`], which asks the ledger).
+//! - a held delivery is never settled again: holding takes its single-use switch, which
+//!   the pipeline's guard asks ([`Original::unsettled`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -217,10 +218,6 @@ impl Ledger {
         self.lock().done(tag);
     }
 
-    fn is_busy(&self, tag: u64) -> bool {
-        matches!(self.lock().slots.get(&tag), Some(Slot::Busy))
-    }
-
     fn close(&self) {
         self.lock().closed = true;
         self.wake.notify_one();
@@ -343,7 +340,9 @@ impl Drop for ChannelAcks {
 
 /// The original delivery as settlements see it: its channel, its tag, a single-use switch,
 /// and the ledger of its channel when acks are coalesced. Cloned by every part of a
-/// pipeline that may settle it; exactly one settlement frame is ever sent for it.
+/// pipeline that may settle it. Every settlement takes its single-use switch first (an ack
+/// held by the ledger too), so at most one settlement frame is ever sent for it alone; a
+/// held ack is then written as part of the ledger's (multiple) ack of its run.
 ///
 /// Settlement frames go straight to the delivery's own channel (`Channel::basic_ack` and
 /// friends), not through lapin's `Acker`: lapin 4.12 routes an acker's frame through its
@@ -385,14 +384,15 @@ impl Original {
         !self.0.used.load(Ordering::Acquire) && !self.0.poison.poisoned()
     }
 
-    /// Neither settled nor held: what the pipeline's guard must requeue. A held ack's
-    /// delivery is still unsettled in lapin's eyes, and must stay untouched.
+    /// Neither settled nor held: what the pipeline's guard must requeue. Holding an ack
+    /// takes the switch too (a held ack is a settlement in progress), so the guard never
+    /// touches a held delivery.
     pub(crate) fn unsettled(&self) -> bool {
-        self.usable() && self.0.ledger.as_ref().is_none_or(|l| l.is_busy(self.0.tag))
+        self.usable()
     }
 
     /// Takes the single settlement: false when it was taken or the channel is gone.
-    fn take(&self) -> bool {
+    pub(crate) fn take(&self) -> bool {
         !self.0.poison.poisoned() && !self.0.used.swap(true, Ordering::AcqRel)
     }
 
@@ -403,6 +403,11 @@ impl Original {
         if !self.take() {
             return Ok(false);
         }
+        self.ack_taken().await
+    }
+
+    /// Acks the delivery whose settlement the caller has taken ([`Original::take`]).
+    pub(crate) async fn ack_taken(&self) -> Result<bool, lapin::Error> {
         let s = &self.0;
         s.channel
             .basic_ack(s.tag, BasicAckOptions { multiple: false })
@@ -440,7 +445,8 @@ impl Original {
             .map(|()| true)
     }
 
-    /// Hands a due ack to the ledger. False when there is none or it is closed: ack now.
+    /// Hands a due ack to the ledger, the settlement already taken. False when there is no
+    /// ledger or it is closed: ack now ([`Original::ack_taken`]).
     pub(crate) fn hold(&self) -> bool {
         self.0.ledger.as_ref().is_some_and(|l| l.hold(self.0.tag))
     }

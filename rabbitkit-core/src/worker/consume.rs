@@ -221,7 +221,7 @@ impl SubscriberTask {
                     return;
                 }
                 End::ChannelLost => {
-                    // In-flight handlers of the dead channel find their ackers poisoned
+                    // In-flight handlers of the dead channel find it gone when they settle
                     // and count it; their deliveries come back from the broker. So do the
                     // held acks (counted `ack_lost` by the flush that finds the channel gone).
                     if let Some(acks) = acks {

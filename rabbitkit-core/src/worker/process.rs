@@ -1,6 +1,7 @@
 //! The per-delivery pipeline: build, run the handler (deadline, panics, immediate
 //! retries), decide, settle. Running and deciding are shared with the test kit
-//! (`crate::run`); this file adds the broker: the acker, the shutdown cut-off, the settler.
+//! (`crate::run`); this file adds the broker: the settle handle, the shutdown cut-off, the
+//! settler.
 
 use std::sync::Arc;
 
@@ -29,8 +30,8 @@ pub(super) struct Pipeline {
 }
 
 /// The right to settle one delivery, held by its pipeline from the moment the delivery is
-/// taken until the pipeline ends, however it ends. Settling goes through the acker, which
-/// is single-use, or hands the ack to the channel's ledger when acks are coalesced (a held
+/// taken until the pipeline ends, however it ends. Settling goes through [`Original`],
+/// which is single-use, or hands the ack to the channel's ledger when acks are coalesced (a held
 /// ack is a settlement in progress: the ledger sends it, or the channel dies and the broker
 /// redelivers). When this guard drops and the delivery is neither (a panic in the
 /// classifier, an error's `Display`, header parsing; a cancelled future; any path that
