@@ -435,24 +435,15 @@ fn main() {
     // (`BENCH_ALTERNATIVES`) show why. rabbitkit runs on both runtimes: the multi-thread
     // one most services use, and a current-thread one, the raw loops' best.
     let kit_flavors = [Flavor::Multi, Flavor::Current];
-    let mut ok = Vec::new();
-    for w in [QueueType::Classic, QueueType::Quorum] {
-        ok.extend([
-            Variant::RawOk(Flavor::Current, Shape::ChannelAck, w),
-            Variant::RawOk(Flavor::Multi, Shape::ChannelAck, w),
-        ]);
-        for f in kit_flavors {
-            ok.extend([Variant::KitOk(f, w, false), Variant::KitOk(f, w, true)]);
+    let (mut ok, mut fail) = (Vec::new(), Vec::new());
+    for q in [QueueType::Classic, QueueType::Quorum] {
+        for f in [Flavor::Current, Flavor::Multi] {
+            ok.push(Variant::RawOk(f, Shape::ChannelAck, q));
+            fail.push(Variant::RawFail(f, Shape::ChannelAck, q));
         }
-    }
-    let mut fail = Vec::new();
-    for t in [QueueType::Classic, QueueType::Quorum] {
-        fail.extend([
-            Variant::RawFail(Flavor::Current, Shape::ChannelAck, t),
-            Variant::RawFail(Flavor::Multi, Shape::ChannelAck, t),
-        ]);
         for f in kit_flavors {
-            fail.push(Variant::KitFail(f, t));
+            ok.extend([Variant::KitOk(f, q, false), Variant::KitOk(f, q, true)]);
+            fail.push(Variant::KitFail(f, q));
         }
     }
     if alternatives {

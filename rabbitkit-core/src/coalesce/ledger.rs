@@ -12,7 +12,7 @@
 //!   when the flush takes them: no unsettled tag is left below them);
 //! - one task per channel sends the flushes, one at a time;
 //! - a held delivery is never settled again: holding takes its single-use switch, which
-//!   the pipeline's guard asks ([`Original::unsettled`]).
+//!   the pipeline's guard asks ([`Original::usable`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -379,16 +379,11 @@ impl Original {
         }))
     }
 
-    /// Not settled yet, and its channel still open.
+    /// Neither settled nor held, and its channel still open: what the pipeline's guard
+    /// must requeue. Holding an ack takes the switch too (a held ack is a settlement in
+    /// progress), so the guard never touches a held delivery.
     pub(crate) fn usable(&self) -> bool {
         !self.0.used.load(Ordering::Acquire) && !self.0.poison.poisoned()
-    }
-
-    /// Neither settled nor held: what the pipeline's guard must requeue. Holding an ack
-    /// takes the switch too (a held ack is a settlement in progress), so the guard never
-    /// touches a held delivery.
-    pub(crate) fn unsettled(&self) -> bool {
-        self.usable()
     }
 
     /// Takes the single settlement: false when it was taken or the channel is gone.

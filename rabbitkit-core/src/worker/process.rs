@@ -45,7 +45,7 @@ struct Unsettled {
 impl Drop for Unsettled {
     fn drop(&mut self) {
         // Settled already, held, or the channel is gone (the broker redelivers).
-        if !self.original.unsettled() {
+        if !self.original.usable() {
             return;
         }
         // `Channel::basic_nack` queues the frame on its first poll (lapin 4.12
