@@ -15,7 +15,9 @@ use crate::outcome::{Failure, Outcome};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SettleReport {
-    /// The original was acked.
+    /// The original was acked: its ack frame is queued on its channel, in order (or held
+    /// by the channel's ack coalescing). Should the channel die before the frame is
+    /// written, the broker redelivers the message (counted `ack_lost`).
     Acked,
     /// A retry copy was confirmed, then the original acked.
     Retried,

@@ -315,22 +315,31 @@ impl Settler {
             self.requeue_streak.store(0, Ordering::Relaxed);
             return report;
         }
-        let ack = original.ack_taken();
+        // The ack's frame is queued on the first poll (in channel order: the settlement is
+        // made); its write is awaited and counted by the channel's collector, so this
+        // pipeline is not woken from lapin's I/O thread once more per delivery.
+        let write = original.ack_write();
         #[cfg(feature = "otel")]
-        let ack = tracing::Instrument::instrument(
-            ack,
+        let write: crate::coalesce::writes::Write = Box::pin(tracing::Instrument::instrument(
+            write,
             crate::observe::otel::settle_span(&self.counters.queue, "ack"),
-        );
-        let sent = ack.await;
-        original.done();
-        match sent {
-            Ok(true) => {
-                Counters::inc(&self.counters.acked);
-                Counters::inc(&self.counters.ack_frames);
-                self.requeue_streak.store(0, Ordering::Relaxed);
-                report
-            }
-            other => self.lost(other.err()),
+        ));
+        let mut write = write;
+        let sent = match futures_util::FutureExt::now_or_never(&mut write) {
+            Some(sent) => sent,
+            None => match original.hand_over(write) {
+                Ok(()) => {
+                    self.requeue_streak.store(0, Ordering::Relaxed);
+                    return report;
+                }
+                Err(write) => write.await,
+            },
+        };
+        if crate::coalesce::writes::count(&self.counters, sent) {
+            self.requeue_streak.store(0, Ordering::Relaxed);
+            report
+        } else {
+            SettleReport::ChannelGone
         }
     }
 

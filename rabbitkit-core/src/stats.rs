@@ -123,7 +123,8 @@ counters! {
     /// Deliveries received.
     consumed,
     /// Originals acked (successes, and failures whose copy was confirmed), counted per
-    /// message whether acked alone or by a coalesced `multiple` ack.
+    /// message whether acked alone or by a coalesced `multiple` ack, once the ack frame is
+    /// written to the socket (an ack whose channel died first counts as `ack_lost`).
     acked,
     /// `basic.ack` frames sent for originals: one per ack, one per coalesced run
     /// ([`Subscriber::ack_coalescing`](crate::Subscriber::ack_coalescing)); `acked /

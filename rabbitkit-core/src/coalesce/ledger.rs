@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::{Acker, Channel};
@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::AckCoalescing;
+use super::writes::{Write, Writes};
 use crate::stats::Counters;
 
 /// One delivery tag of the channel.
@@ -318,16 +319,7 @@ impl ChannelAcks {
     pub(crate) async fn finish(mut self) {
         self.ledger.close();
         if let Some(flusher) = self.flusher.take() {
-            // The flusher's acks resolve once written, or fail with the channel: bounded in
-            // practice; the bound only guards a shutdown against a stuck connection.
-            if tokio::time::timeout(Duration::from_secs(10), flusher)
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    "held acks were not written in time; the broker redelivers what they covered"
-                );
-            }
+            super::join_bounded(flusher, "held acks").await;
         }
     }
 }
@@ -352,30 +344,50 @@ impl Drop for ChannelAcks {
 #[derive(Clone)]
 pub(crate) struct Original(Arc<Settle>);
 
-struct Settle {
+/// What the deliveries of one consume channel share to settle: the channel, its ledger when
+/// acks are coalesced, and its collector of pending ack writes ([`super::writes`]).
+#[derive(Debug)]
+pub(crate) struct OnChannel {
     channel: Arc<Channel>,
+    ledger: Option<Arc<Ledger>>,
+    writes: Writes,
+}
+
+impl OnChannel {
+    pub(crate) fn new(channel: Arc<Channel>, ledger: Option<Arc<Ledger>>, writes: Writes) -> Self {
+        Self {
+            channel,
+            ledger,
+            writes,
+        }
+    }
+
+    /// Registers a delivery of this channel with its ledger, if acks are coalesced (in tag
+    /// order, before its pipeline starts).
+    pub(crate) fn register(&self, tag: u64) {
+        if let Some(l) = &self.ledger {
+            l.register(tag);
+        }
+    }
+}
+
+struct Settle {
+    on: Arc<OnChannel>,
     /// Set when the channel closes or fails (lapin's per-channel poison).
     poison: Acker,
     tag: u64,
     /// Set by the first settlement: no second frame for this tag, ever.
     used: AtomicBool,
-    ledger: Option<Arc<Ledger>>,
 }
 
 impl Original {
     /// `acker`: the delivery's own, read only for its channel's state (never used to settle).
-    pub(crate) fn new(
-        channel: Arc<Channel>,
-        acker: Acker,
-        tag: u64,
-        ledger: Option<Arc<Ledger>>,
-    ) -> Self {
+    pub(crate) fn new(on: Arc<OnChannel>, acker: Acker, tag: u64) -> Self {
         Self(Arc::new(Settle {
-            channel,
+            on,
             poison: acker,
             tag,
             used: AtomicBool::new(false),
-            ledger,
         }))
     }
 
@@ -404,10 +416,28 @@ impl Original {
     /// Acks the delivery whose settlement the caller has taken ([`Original::take`]).
     pub(crate) async fn ack_taken(&self) -> Result<bool, lapin::Error> {
         let s = &self.0;
-        s.channel
+        s.on.channel
             .basic_ack(s.tag, BasicAckOptions { multiple: false })
             .await
             .map(|()| true)
+    }
+
+    /// The ack of a delivery whose settlement the caller has taken, as a write of its own:
+    /// its first poll queues the frame; it resolves once the frame is written, the ledger
+    /// told. Poll it once, then hand it to the channel's collector ([`Original::hand_over`]).
+    pub(crate) fn ack_write(&self) -> Write {
+        let original = self.clone();
+        Box::pin(async move {
+            let sent = original.ack_taken().await;
+            original.done();
+            sent
+        })
+    }
+
+    /// Hands a write already polled once to the channel's collector, which awaits and
+    /// counts it; gives it back when the collector is gone.
+    pub(crate) fn hand_over(&self, write: Write) -> Result<(), Write> {
+        self.0.on.writes.hand_over(write)
     }
 
     /// Rejects the delivery, requeued or not (as [`Original::ack`]).
@@ -416,7 +446,7 @@ impl Original {
             return Ok(false);
         }
         let s = &self.0;
-        s.channel
+        s.on.channel
             .basic_reject(s.tag, BasicRejectOptions { requeue })
             .await
             .map(|()| true)
@@ -428,7 +458,7 @@ impl Original {
             return Ok(false);
         }
         let s = &self.0;
-        s.channel
+        s.on.channel
             .basic_nack(
                 s.tag,
                 BasicNackOptions {
@@ -443,13 +473,17 @@ impl Original {
     /// Hands a due ack to the ledger, the settlement already taken. False when there is no
     /// ledger or it is closed: ack now ([`Original::ack_taken`]).
     pub(crate) fn hold(&self) -> bool {
-        self.0.ledger.as_ref().is_some_and(|l| l.hold(self.0.tag))
+        self.0
+            .on
+            .ledger
+            .as_ref()
+            .is_some_and(|l| l.hold(self.0.tag))
     }
 
     /// The frame settling this delivery was written (or never will be): a multiple ack
     /// may now cover its tag.
     pub(crate) fn done(&self) {
-        if let Some(l) = &self.0.ledger {
+        if let Some(l) = &self.0.on.ledger {
             l.done(self.0.tag);
         }
     }
@@ -461,7 +495,7 @@ impl Original {
     where
         F: std::future::Future + Send + 'static,
     {
-        let Some(ledger) = self.0.ledger.clone() else {
+        let Some(ledger) = self.0.on.ledger.clone() else {
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -478,6 +512,7 @@ impl Original {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn cfg(max_acks: u16, ms: u64) -> AckCoalescing {
         AckCoalescing::new(max_acks, Duration::from_millis(ms))

@@ -21,12 +21,14 @@
 //! settlement in progress, and until it is written the broker still holds the message.
 
 mod ledger;
+pub(crate) mod writes;
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub(crate) use ledger::{ChannelAcks, Ledger, Original};
+pub(crate) use ledger::{ChannelAcks, OnChannel, Original};
+pub(crate) use writes::ChannelWrites;
 
 /// The longest [`AckCoalescing::max_delay`] accepted: a held ack holds a prefetch slot and
 /// widens the duplicate window; longer delays buy nothing once a batch fills.
@@ -84,6 +86,20 @@ impl AckCoalescing {
             ));
         }
         Ok(())
+    }
+}
+
+/// Awaits a channel's ack task (the coalescing flusher, the write collector) as its channel
+/// closes. Its acks resolve once written or fail with the channel: bounded in practice; the
+/// bound only guards a shutdown against a stuck connection.
+async fn join_bounded(task: tokio::task::JoinHandle<()>, what: &str) {
+    if tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "{what} were not written in time; the broker redelivers the messages they settled"
+        );
     }
 }
 

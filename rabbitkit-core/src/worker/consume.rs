@@ -11,7 +11,7 @@ use lapin::{Channel, Consumer};
 use tokio::sync::{Semaphore, watch};
 
 use super::process::Pipeline;
-use crate::coalesce::{AckCoalescing, ChannelAcks};
+use crate::coalesce::{AckCoalescing, ChannelAcks, ChannelWrites, OnChannel};
 use crate::connection::{Connector, backoff};
 use crate::delivery::Extensions;
 use crate::error::{Error, Result};
@@ -159,6 +159,12 @@ impl SubscriberTask {
             let acks = self.coalescing.map(|c| {
                 ChannelAcks::start(c, channel.clone(), self.pipeline.runner.counters.clone())
             });
+            let writes = ChannelWrites::start(self.pipeline.runner.counters.clone());
+            let on = Arc::new(OnChannel::new(
+                channel.clone(),
+                acks.as_ref().map(|a| a.ledger().clone()),
+                writes.writes().clone(),
+            ));
             self.ready.store(true, Ordering::Release);
             tracing::info!(%queue, %node, prefetch = self.prefetch, concurrency = self.concurrency, "consuming");
             let subscribed = tokio::time::Instant::now();
@@ -177,19 +183,16 @@ impl SubscriberTask {
                 match item {
                     Some(Ok(delivery)) => {
                         let p = self.pipeline.clone();
-                        let on = channel.clone();
+                        let on = on.clone();
                         let token = in_flight.clone();
                         // Registered in tag order, before any pipeline can settle it.
-                        let ledger = acks.as_ref().map(|a| {
-                            a.ledger().register(delivery.delivery_tag);
-                            a.ledger().clone()
-                        });
+                        on.register(delivery.delivery_tag);
                         // Boxed: the pipeline's future is about 6 KiB, and the runtime
                         // copies a task's future into the task when it spawns it, and
                         // its task cell is as large (the profile found three 6 KiB copies
                         // per delivery, docs/PROFILE.md); a box is moved as a pointer.
                         tokio::spawn(Box::pin(async move {
-                            p.process(delivery, on, ledger).await;
+                            p.process(delivery, on).await;
                             drop(permit);
                             drop(token);
                         }));
@@ -217,6 +220,8 @@ impl SubscriberTask {
                     if let Some(acks) = acks {
                         acks.finish().await;
                     }
+                    writes.finish().await;
+                    drop(on);
                     let _ = channel.close(200, "rabbitkit shutdown".into()).await;
                     return;
                 }
@@ -227,6 +232,8 @@ impl SubscriberTask {
                     if let Some(acks) = acks {
                         acks.finish().await;
                     }
+                    writes.finish().await;
+                    drop(on);
                     drop(consumer);
                     drop(channel);
                     // A channel that dies right after each subscribe must not loop hot.
@@ -263,6 +270,8 @@ impl SubscriberTask {
                         if let Some(acks) = acks {
                             acks.finish().await;
                         }
+                        writes.finish().await;
+                        drop(on);
                         let _ = channel
                             .close(200, "consumer cancelled by the broker".into())
                             .await;

@@ -10,7 +10,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::coalesce::{Ledger, Original};
+use crate::coalesce::{OnChannel, Original};
 use crate::decide::{self, SettleSpec};
 use crate::delivery::{Delivery, Extensions};
 use crate::manual::{SettleReport, SettleSink};
@@ -139,14 +139,9 @@ impl SettleSink for RuntimeSink {
 }
 
 impl Pipeline {
-    /// Runs one delivery to its settlement on `channel`, the one it came from. `ledger`:
-    /// that channel's, when acks are coalesced (the consume loop registered the tag in it).
-    pub(super) async fn process(
-        &self,
-        raw: lapin::message::Delivery,
-        channel: Arc<lapin::Channel>,
-        ledger: Option<Arc<Ledger>>,
-    ) {
+    /// Runs one delivery to its settlement on `on`, the channel it came from (the consume
+    /// loop registered its tag with the channel's ledger, if acks are coalesced).
+    pub(super) async fn process(&self, raw: lapin::message::Delivery, on: Arc<OnChannel>) {
         let spec = &self.runner.spec;
         let c = &self.runner.counters;
         Counters::inc(&c.consumed);
@@ -166,7 +161,7 @@ impl Pipeline {
             Counters::inc(&c.ack_lost);
             return;
         }
-        let original = Original::new(channel, acker, delivery_tag, ledger);
+        let original = Original::new(on, acker, delivery_tag);
         let _guard = Unsettled {
             original: original.clone(),
             counters: c.clone(),
