@@ -98,7 +98,7 @@ async fn join_bounded(task: tokio::task::JoinHandle<()>, what: &str) {
         .is_err()
     {
         tracing::warn!(
-            "{what} were not written in time; the broker redelivers the messages they settled"
+            "{what} were not written in time; they stay queued ahead of the channel's close, and should the connection fail first the broker redelivers their messages"
         );
     }
 }

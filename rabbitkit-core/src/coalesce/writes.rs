@@ -49,11 +49,12 @@ impl Writes {
     /// collector is gone (its channel was finished while a straggler still settled), the
     /// write is given back to be awaited by the caller.
     pub(crate) fn hand_over(&self, write: Write) -> Result<(), Write> {
-        self.tx.send(Msg::Write(write)).map_err(|e| match e.0 {
-            Msg::Write(w) => w,
-            // Never sent by this path.
-            Msg::Close => Box::pin(std::future::ready(Ok(false))),
-        })
+        match self.tx.send(Msg::Write(write)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::SendError(Msg::Write(w))) => Err(w),
+            // A send gives back what it was given: a write.
+            Err(mpsc::error::SendError(Msg::Close)) => Ok(()),
+        }
     }
 }
 
@@ -142,11 +143,103 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Msg>, counters: std::sync::Arc<
         }
     })
     .await;
-    // Handed over between the close and now: awaited here, so none goes uncounted.
+    // Handed over between the close and now (a send still in progress included: `recv`
+    // ends only once every send has landed or failed): awaited here, none uncounted.
     rx.close();
-    while let Ok(msg) = rx.try_recv() {
+    while let Some(msg) = rx.recv().await {
         if let Msg::Write(w) = msg {
             count(&counters, w.await);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::sync::oneshot;
+
+    fn counters() -> Arc<Counters> {
+        Arc::new(Counters::default())
+    }
+
+    /// A write that resolves when `tx` sends (or is dropped: the channel failed).
+    fn write() -> (oneshot::Sender<bool>, Write) {
+        let (tx, rx) = oneshot::channel();
+        let w: Write = Box::pin(async move {
+            match rx.await {
+                Ok(ok) => Ok(ok),
+                Err(_) => Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+                    lapin::ChannelState::Closed,
+                    "basic.ack",
+                ))),
+            }
+        });
+        (tx, w)
+    }
+
+    #[tokio::test]
+    async fn finish_waits_for_every_pending_write_and_counts_each() {
+        let c = counters();
+        let cw = ChannelWrites::start(c.clone());
+        let (a, wa) = write();
+        let (b, wb) = write();
+        let (d, wd) = write();
+        assert!(cw.writes().hand_over(wa).is_ok());
+        assert!(cw.writes().hand_over(wb).is_ok());
+        assert!(cw.writes().hand_over(wd).is_ok());
+        let finishing = tokio::spawn(cw.finish());
+        tokio::task::yield_now().await;
+        assert!(!finishing.is_finished(), "three writes still pending");
+        let _ = a.send(true);
+        let _ = b.send(false);
+        drop(d);
+        finishing.await.unwrap_or_else(|e| panic!("finish: {e}"));
+        assert_eq!(c.snapshot().acked, 1);
+        assert_eq!(c.snapshot().ack_frames, 1);
+        assert_eq!(c.snapshot().ack_lost, 2, "Ok(false) and Err");
+    }
+
+    #[tokio::test]
+    async fn a_write_handed_over_after_the_collector_stopped_is_given_back() {
+        let c = counters();
+        let cw = ChannelWrites::start(c.clone());
+        let writes = cw.writes().clone();
+        cw.finish().await;
+        let (tx, w) = write();
+        let back = writes.hand_over(w);
+        let Err(back) = back else {
+            panic!("the collector is gone: the write must come back to its caller")
+        };
+        let _ = tx.send(true);
+        assert!(count(&c, back.await));
+        assert_eq!(c.snapshot().acked, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_racing_the_close_are_all_counted() {
+        for _ in 0..50 {
+            let c = counters();
+            let cw = ChannelWrites::start(c.clone());
+            let writes = cw.writes().clone();
+            let sender = tokio::spawn(async move {
+                let mut back = 0u64;
+                for _ in 0..200 {
+                    let w: Write = Box::pin(async { Ok(true) });
+                    if let Err(w) = writes.hand_over(w) {
+                        back += 1;
+                        let _ = w.await;
+                    }
+                }
+                back
+            });
+            cw.finish().await;
+            let back = sender.await.unwrap_or_else(|e| panic!("sender: {e}"));
+            assert_eq!(
+                c.snapshot().acked + back,
+                200,
+                "every write counted by the collector or given back"
+            );
         }
     }
 }

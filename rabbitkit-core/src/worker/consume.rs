@@ -128,6 +128,10 @@ impl SubscriberTask {
 
     pub(super) async fn run(mut self) {
         let permits = Arc::new(Semaphore::new(self.concurrency));
+        // Channels the broker cancelled a consumer on, closing once their in-flight
+        // deliveries are settled and their acks written: awaited before the task ends, so
+        // the worker's report counts those acks.
+        let mut closing: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let mut failures = 0u32;
         let queue = self.topology.queue.clone();
         while !*self.stop.borrow() {
@@ -223,6 +227,7 @@ impl SubscriberTask {
                     writes.finish().await;
                     drop(on);
                     let _ = channel.close(200, "rabbitkit shutdown".into()).await;
+                    self.await_closing(closing).await;
                     return;
                 }
                 End::ChannelLost => {
@@ -258,12 +263,10 @@ impl SubscriberTask {
                     tracing::warn!(%queue, %node, consumer_tag = %consumer.tag(), "consumer cancelled by the broker; subscribing again");
                     drop(consumer);
                     // As long as a shutdown drain would wait for them.
-                    let bound = self
-                        .deadline
-                        .saturating_add(self.pipeline.settler.publisher.config().confirm_timeout)
-                        .saturating_add(Duration::from_secs(5));
+                    let bound = self.settle_bound();
                     let q = queue.clone();
-                    tokio::spawn(async move {
+                    closing.retain(|c| !c.is_finished());
+                    closing.push(tokio::spawn(async move {
                         if tokio::time::timeout(bound, settled.recv()).await.is_err() {
                             tracing::warn!(queue = %q, "handlers of a cancelled consumer did not settle in time; closing its channel (the broker requeues them)");
                         }
@@ -275,7 +278,7 @@ impl SubscriberTask {
                         let _ = channel
                             .close(200, "consumer cancelled by the broker".into())
                             .await;
-                    });
+                    }));
                     if !quick {
                         failures = 0;
                     } else {
@@ -290,6 +293,30 @@ impl SubscriberTask {
             }
         }
         self.drain(&permits).await;
+        self.await_closing(closing).await;
+    }
+
+    /// How long in-flight deliveries get to settle once their consumer stops: the
+    /// handler deadline, then a copy's confirm timeout, and a margin.
+    fn settle_bound(&self) -> Duration {
+        self.deadline
+            .saturating_add(self.pipeline.settler.publisher.config().confirm_timeout)
+            .saturating_add(Duration::from_secs(5))
+    }
+
+    /// Waits for the channels of cancelled consumers to close (their acks written and
+    /// counted), within the drain's bound.
+    async fn await_closing(&self, closing: Vec<tokio::task::JoinHandle<()>>) {
+        if closing.is_empty() {
+            return;
+        }
+        let bound = self.settle_bound();
+        if tokio::time::timeout(bound, futures_util::future::join_all(closing))
+            .await
+            .is_err()
+        {
+            tracing::warn!(queue = %self.topology.queue, "channels of cancelled consumers did not close in time");
+        }
     }
 
     async fn drain(&self, permits: &Arc<Semaphore>) {
@@ -297,10 +324,7 @@ impl SubscriberTask {
         // The worker's timer flips hard_stop at the deadline; stragglers then requeue
         // themselves. A copy already sent by then still gets its verdict, within the
         // publisher's confirm timeout, and its original is settled on this open channel.
-        let bound = self
-            .deadline
-            .saturating_add(self.pipeline.settler.publisher.config().confirm_timeout)
-            .saturating_add(Duration::from_secs(5));
+        let bound = self.settle_bound();
         if tokio::time::timeout(bound, permits.acquire_many(all))
             .await
             .is_err()
