@@ -19,9 +19,9 @@ pub enum SettleReport {
     /// by the channel's ack coalescing). Should the channel die before the frame is
     /// written, the broker redelivers the message (counted `ack_lost`).
     Acked,
-    /// A retry copy was confirmed, then the original acked.
+    /// A retry copy was confirmed, then the original acked (as [`SettleReport::Acked`]).
     Retried,
-    /// A parking copy was confirmed, then the original acked.
+    /// A parking copy was confirmed, then the original acked (as [`SettleReport::Acked`]).
     Parked,
     /// The original was nacked with requeue.
     Requeued,

@@ -14,9 +14,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
-use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::mpsc;
+use futures_util::{FutureExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::stats::Counters;
@@ -25,17 +25,11 @@ use crate::stats::Counters;
 /// channel's failure. Its ledger, if any, is told before it resolves.
 pub(crate) type Write = Pin<Box<dyn Future<Output = Result<bool, lapin::Error>> + Send>>;
 
-enum Msg {
-    Write(Write),
-    /// The channel is closing: finish what is pending, then stop.
-    Close,
-}
-
 /// Where the pipelines of one channel hand their pending writes (cloned into every
 /// delivery's settle handle).
 #[derive(Clone)]
 pub(crate) struct Writes {
-    tx: mpsc::UnboundedSender<Msg>,
+    tx: mpsc::UnboundedSender<Write>,
 }
 
 impl std::fmt::Debug for Writes {
@@ -49,12 +43,7 @@ impl Writes {
     /// collector is gone (its channel was finished while a straggler still settled), the
     /// write is given back to be awaited by the caller.
     pub(crate) fn hand_over(&self, write: Write) -> Result<(), Write> {
-        match self.tx.send(Msg::Write(write)) {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::SendError(Msg::Write(w))) => Err(w),
-            // A send gives back what it was given: a write.
-            Err(mpsc::error::SendError(Msg::Close)) => Ok(()),
-        }
+        self.tx.send(write).map_err(|e| e.0)
     }
 }
 
@@ -82,6 +71,9 @@ pub(crate) fn count(counters: &Counters, sent: Result<bool, lapin::Error>) -> bo
 /// The collector of one consume channel, as its consume loop owns it.
 pub(crate) struct ChannelWrites {
     writes: Writes,
+    /// Sent (or dropped) when the channel closes: the collector finishes what it has and
+    /// stops.
+    close: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -89,9 +81,11 @@ impl ChannelWrites {
     /// Starts the collector of a new channel; its counts go to `counters`.
     pub(crate) fn start(counters: std::sync::Arc<Counters>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = Some(tokio::spawn(collect(rx, counters)));
+        let (close, closed) = oneshot::channel();
+        let task = Some(tokio::spawn(collect(rx, closed, counters)));
         Self {
             writes: Writes { tx },
+            close: Some(close),
             task,
         }
     }
@@ -105,33 +99,28 @@ impl ChannelWrites {
     /// Call once the channel's pipelines have ended, before the channel is closed (the
     /// close would be queued behind the acks anyway; waiting keeps the counts exact).
     pub(crate) async fn finish(mut self) {
-        let _ = self.writes.tx.send(Msg::Close);
+        self.close.take();
         if let Some(task) = self.task.take() {
             super::join_bounded(task, "acks").await;
         }
     }
 }
 
-impl Drop for ChannelWrites {
-    fn drop(&mut self) {
-        // The collector finishes what it has and stops.
-        let _ = self.writes.tx.send(Msg::Close);
-    }
-}
-
-async fn collect(mut rx: mpsc::UnboundedReceiver<Msg>, counters: std::sync::Arc<Counters>) {
+/// Awaits and counts the writes of one channel until `closed` fires (or its sender is
+/// dropped) and nothing is pending, then drains what was handed over meanwhile.
+async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Write>,
+    mut closed: oneshot::Receiver<()>,
+    counters: std::sync::Arc<Counters>,
+) {
     let mut pending: FuturesUnordered<Write> = FuturesUnordered::new();
     let mut closing = false;
     std::future::poll_fn(|cx| {
-        loop {
-            match rx.poll_recv(cx) {
-                Poll::Ready(Some(Msg::Write(w))) => pending.push(w),
-                Poll::Ready(Some(Msg::Close)) | Poll::Ready(None) => {
-                    closing = true;
-                    break;
-                }
-                Poll::Pending => break,
-            }
+        while let Poll::Ready(Some(w)) = rx.poll_recv(cx) {
+            pending.push(w);
+        }
+        if !closing && closed.poll_unpin(cx).is_ready() {
+            closing = true;
         }
         while let Poll::Ready(Some(sent)) = pending.poll_next_unpin(cx) {
             count(&counters, sent);
@@ -146,10 +135,8 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Msg>, counters: std::sync::Arc<
     // Handed over between the close and now (a send still in progress included: `recv`
     // ends only once every send has landed or failed): awaited here, none uncounted.
     rx.close();
-    while let Some(msg) = rx.recv().await {
-        if let Msg::Write(w) = msg {
-            count(&counters, w.await);
-        }
+    while let Some(w) = rx.recv().await {
+        count(&counters, w.await);
     }
 }
 
@@ -157,7 +144,6 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Msg>, counters: std::sync::Arc<
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use tokio::sync::oneshot;
 
     fn counters() -> Arc<Counters> {
         Arc::new(Counters::default())
@@ -214,6 +200,32 @@ mod tests {
         let _ = tx.send(true);
         assert!(count(&c, back.await));
         assert_eq!(c.snapshot().acked, 1);
+    }
+
+    #[tokio::test]
+    async fn writes_handed_over_around_the_close_are_all_counted() {
+        let c = counters();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (close, closed) = oneshot::channel();
+        let ok = || -> Write { Box::pin(async { Ok(true) }) };
+        assert!(tx.send(ok()).is_ok());
+        drop(close);
+        assert!(tx.send(ok()).is_ok());
+        let (late, w) = write();
+        assert!(tx.send(w).is_ok());
+        let collector = tokio::spawn(collect(rx, closed, c.clone()));
+        tokio::task::yield_now().await;
+        assert!(
+            !collector.is_finished(),
+            "a write handed over is still pending"
+        );
+        let _ = late.send(true);
+        collector.await.unwrap_or_else(|e| panic!("collector: {e}"));
+        assert_eq!(c.snapshot().acked, 3, "before and after the close alike");
+        assert!(
+            tx.send(ok()).is_err(),
+            "a stopped collector takes no more writes"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

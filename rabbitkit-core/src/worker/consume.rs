@@ -218,7 +218,8 @@ impl SubscriberTask {
                     let _ = channel
                         .basic_cancel(consumer.tag(), BasicCancelOptions::default())
                         .await;
-                    self.drain(&permits).await;
+                    let until = tokio::time::Instant::now().checked_add(self.settle_bound());
+                    self.drain(&permits, until).await;
                     // Held acks are written before the close, or the broker would
                     // redeliver work that was done.
                     if let Some(acks) = acks {
@@ -227,7 +228,7 @@ impl SubscriberTask {
                     writes.finish().await;
                     drop(on);
                     let _ = channel.close(200, "rabbitkit shutdown".into()).await;
-                    self.await_closing(closing).await;
+                    self.await_closing(closing, until).await;
                     return;
                 }
                 End::ChannelLost => {
@@ -292,8 +293,9 @@ impl SubscriberTask {
                 }
             }
         }
-        self.drain(&permits).await;
-        self.await_closing(closing).await;
+        let until = tokio::time::Instant::now().checked_add(self.settle_bound());
+        self.drain(&permits, until).await;
+        self.await_closing(closing, until).await;
     }
 
     /// How long in-flight deliveries get to settle once their consumer stops: the
@@ -305,30 +307,30 @@ impl SubscriberTask {
     }
 
     /// Waits for the channels of cancelled consumers to close (their acks written and
-    /// counted), within the drain's bound.
-    async fn await_closing(&self, closing: Vec<tokio::task::JoinHandle<()>>) {
+    /// counted), until the drain's deadline: they settle alongside the drain.
+    async fn await_closing(
+        &self,
+        closing: Vec<tokio::task::JoinHandle<()>>,
+        until: Option<tokio::time::Instant>,
+    ) {
         if closing.is_empty() {
             return;
         }
-        let bound = self.settle_bound();
-        if tokio::time::timeout(bound, futures_util::future::join_all(closing))
+        if within(until, futures_util::future::join_all(closing))
             .await
-            .is_err()
+            .is_none()
         {
             tracing::warn!(queue = %self.topology.queue, "channels of cancelled consumers did not close in time");
         }
     }
 
-    async fn drain(&self, permits: &Arc<Semaphore>) {
+    /// Waits until every in-flight delivery has settled, or `until` (`None`: no bound).
+    async fn drain(&self, permits: &Arc<Semaphore>, until: Option<tokio::time::Instant>) {
         let all = u32::try_from(self.concurrency).unwrap_or(u32::MAX);
         // The worker's timer flips hard_stop at the deadline; stragglers then requeue
         // themselves. A copy already sent by then still gets its verdict, within the
         // publisher's confirm timeout, and its original is settled on this open channel.
-        let bound = self.settle_bound();
-        if tokio::time::timeout(bound, permits.acquire_many(all))
-            .await
-            .is_err()
-        {
+        if within(until, permits.acquire_many(all)).await.is_none() {
             tracing::error!(queue = %self.topology.queue, "in-flight handlers did not settle in time; the broker requeues them on close");
         }
     }
@@ -374,5 +376,17 @@ impl SubscriberTask {
             .await
             .map_err(Error::amqp)?;
         Ok((conn.node.clone(), channel, consumer))
+    }
+}
+
+/// `f`'s output, or `None` when `until` passes first (`until` `None`: no bound, as with an
+/// unbounded shutdown deadline).
+async fn within<F: std::future::Future>(
+    until: Option<tokio::time::Instant>,
+    f: F,
+) -> Option<F::Output> {
+    match until {
+        Some(t) => tokio::time::timeout_at(t, f).await.ok(),
+        None => Some(f.await),
     }
 }
