@@ -191,9 +191,9 @@ impl SubscriberTask {
                         let token = in_flight.clone();
                         // Registered in tag order, before any pipeline can settle it.
                         on.register(delivery.delivery_tag);
-                        // Boxed: the pipeline's future is about 6 KiB, and the runtime
+                        // Boxed: the pipeline's future is about 4.4 KiB, and the runtime
                         // copies a task's future into the task when it spawns it, and
-                        // its task cell is as large (the profile found three 6 KiB copies
+                        // its task cell is as large (the profile found three such copies
                         // per delivery, docs/PROFILE.md); a box is moved as a pointer.
                         tokio::spawn(Box::pin(async move {
                             p.process(delivery, on).await;
