@@ -372,13 +372,7 @@ impl Settler {
     }
 
     fn lost(&self, err: Option<lapin::Error>) -> SettleReport {
-        Counters::inc(&self.counters.ack_lost);
-        match err {
-            Some(e) => {
-                tracing::warn!(error = %e, "settle failed: channel gone, the broker will redeliver")
-            }
-            None => tracing::warn!("settle found its channel gone; the broker will redeliver"),
-        }
+        crate::coalesce::writes::lost(&self.counters, err);
         SettleReport::ChannelGone
     }
 }

@@ -56,15 +56,24 @@ pub(crate) fn count(counters: &Counters, sent: Result<bool, lapin::Error>) -> bo
             true
         }
         Ok(false) => {
-            Counters::inc(&counters.ack_lost);
-            tracing::warn!("settle found its channel gone; the broker will redeliver");
+            lost(counters, None);
             false
         }
         Err(e) => {
-            Counters::inc(&counters.ack_lost);
-            tracing::warn!(error = %e, "settle failed: channel gone, the broker will redeliver");
+            lost(counters, Some(e));
             false
         }
+    }
+}
+
+/// Counts a settlement that found its channel gone (`err`: how), and says so.
+pub(crate) fn lost(counters: &Counters, err: Option<lapin::Error>) {
+    Counters::inc(&counters.ack_lost);
+    match err {
+        Some(e) => {
+            tracing::warn!(error = %e, "settle failed: channel gone, the broker will redeliver")
+        }
+        None => tracing::warn!("settle found its channel gone; the broker will redeliver"),
     }
 }
 

@@ -160,15 +160,11 @@ impl SubscriberTask {
             // to a replacement channel.
             // Shared by every pipeline of this channel: each settles on it directly.
             let channel = Arc::new(channel);
-            let acks = self.coalescing.map(|c| {
-                ChannelAcks::start(c, channel.clone(), self.pipeline.runner.counters.clone())
-            });
-            let writes = ChannelWrites::start(self.pipeline.runner.counters.clone());
-            let on = Arc::new(OnChannel::new(
+            let settling = Settling::start(
+                self.coalescing,
                 channel.clone(),
-                acks.as_ref().map(|a| a.ledger().clone()),
-                writes.writes().clone(),
-            ));
+                self.pipeline.runner.counters.clone(),
+            );
             self.ready.store(true, Ordering::Release);
             tracing::info!(%queue, %node, prefetch = self.prefetch, concurrency = self.concurrency, "consuming");
             let subscribed = tokio::time::Instant::now();
@@ -187,7 +183,7 @@ impl SubscriberTask {
                 match item {
                     Some(Ok(delivery)) => {
                         let p = self.pipeline.clone();
-                        let on = on.clone();
+                        let on = settling.on.clone();
                         let token = in_flight.clone();
                         // Registered in tag order, before any pipeline can settle it.
                         on.register(delivery.delivery_tag);
@@ -222,11 +218,7 @@ impl SubscriberTask {
                     self.drain(&permits, until).await;
                     // Held acks are written before the close, or the broker would
                     // redeliver work that was done.
-                    if let Some(acks) = acks {
-                        acks.finish().await;
-                    }
-                    writes.finish().await;
-                    drop(on);
+                    settling.finish().await;
                     let _ = channel.close(200, "rabbitkit shutdown".into()).await;
                     self.await_closing(closing, until).await;
                     return;
@@ -235,11 +227,7 @@ impl SubscriberTask {
                     // In-flight handlers of the dead channel find it gone when they settle
                     // and count it; their deliveries come back from the broker. So do the
                     // held acks (counted `ack_lost` by the flush that finds the channel gone).
-                    if let Some(acks) = acks {
-                        acks.finish().await;
-                    }
-                    writes.finish().await;
-                    drop(on);
+                    settling.finish().await;
                     drop(consumer);
                     drop(channel);
                     // A channel that dies right after each subscribe must not loop hot.
@@ -271,11 +259,7 @@ impl SubscriberTask {
                         if tokio::time::timeout(bound, settled.recv()).await.is_err() {
                             tracing::warn!(queue = %q, "handlers of a cancelled consumer did not settle in time; closing its channel (the broker requeues them)");
                         }
-                        if let Some(acks) = acks {
-                            acks.finish().await;
-                        }
-                        writes.finish().await;
-                        drop(on);
+                        settling.finish().await;
                         let _ = channel
                             .close(200, "consumer cancelled by the broker".into())
                             .await;
@@ -388,5 +372,39 @@ async fn within<F: std::future::Future>(
     match until {
         Some(t) => tokio::time::timeout_at(t, f).await.ok(),
         None => Some(f.await),
+    }
+}
+
+/// What settles the deliveries of one consume channel: its coalescing ledger (when acks
+/// are coalesced), its write collector, and the handle every delivery shares.
+struct Settling {
+    acks: Option<ChannelAcks>,
+    writes: ChannelWrites,
+    on: Arc<OnChannel>,
+}
+
+impl Settling {
+    fn start(
+        coalescing: Option<AckCoalescing>,
+        channel: Arc<Channel>,
+        counters: Arc<Counters>,
+    ) -> Self {
+        let acks = coalescing.map(|c| ChannelAcks::start(c, channel.clone(), counters.clone()));
+        let writes = ChannelWrites::start(counters);
+        let on = Arc::new(OnChannel::new(
+            channel,
+            acks.as_ref().map(|a| a.ledger().clone()),
+            writes.writes().clone(),
+        ));
+        Self { acks, writes, on }
+    }
+
+    /// Writes the held acks (ack coalescing), then waits for every queued ack to be
+    /// written: call once the channel's pipelines have ended, before it is closed.
+    async fn finish(self) {
+        if let Some(acks) = self.acks {
+            acks.finish().await;
+        }
+        self.writes.finish().await;
     }
 }
