@@ -29,10 +29,12 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
+use foldhash::fast::RandomState;
 use futures_util::FutureExt;
 use futures_util::task::AtomicWaker;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -62,16 +64,6 @@ pub(super) struct Job {
     /// The lane's connection when the lane took the job: a job that times out before it
     /// is written reports whether that connection was blocked while it waited.
     pub(super) blocks_before: Option<BlockWatch>,
-}
-
-impl Job {
-    fn id(&self) -> ShortString {
-        self.prepared
-            .properties
-            .message_id()
-            .clone()
-            .unwrap_or_default()
-    }
 }
 
 /// Publishes that woke their waker since the lane last looked.
@@ -135,9 +127,13 @@ impl BlockWatch {
     }
 }
 
-/// What a return is filed under: the channel's epoch, the message id, the publish token
-/// (0 when the publish carried none).
-type Key = (u64, ShortString, u64);
+/// What a return is filed under: the channel's epoch, the message id's hash (see
+/// [`Lane::id_hash`]), the publish token (0 when the publish carried none).
+///
+/// A hash, not the id itself: no copy of the id per publish. Two ids in flight on one
+/// channel with the same hash are told apart like two equal ids: the second gets a token,
+/// so a key names one publish whatever the ids.
+type Key = (u64, u64, u64);
 
 /// The token a returned message carries (0: none, or not one the lane could have written).
 fn token_of(properties: &lapin::BasicProperties) -> u64 {
@@ -178,8 +174,8 @@ fn with_token(properties: lapin::BasicProperties, token: u64) -> lapin::BasicPro
 /// A publish written (or being written) on a channel.
 struct Entry {
     epoch: u64,
-    /// The message id and the [`PUBLISH_TOKEN`] it was written with (0: none).
-    id: (ShortString, u64),
+    /// The message id's hash and the [`PUBLISH_TOKEN`] it was written with (0: none).
+    id: (u64, u64),
     started: Instant,
     deadline: Instant,
     watch: BlockWatch,
@@ -245,11 +241,15 @@ struct Lane {
     /// Publishes handed to lapin, in channel order, whose frames are not written yet.
     writing: VecDeque<Writing>,
     next_seq: u64,
-    entries: HashMap<u64, Entry>,
-    /// `(epoch, message id)` of every entry: a second publish with a taken id waits.
-    ids: HashSet<Key>,
-    /// Returns read from the confirms that carried them, by `(epoch, message id)`.
-    returns: HashMap<Key, (u16, String)>,
+    /// The lane's tables are keyed by its own numbers and hashed with foldhash, not
+    /// SipHash (docs/PROFILE.md, fifth pass).
+    entries: HashMap<u64, Entry, RandomState>,
+    /// The key of every entry: a second publish whose id's hash is taken gets a token.
+    ids: HashSet<Key, RandomState>,
+    /// Hashes message ids for [`Key`]s; one seed for the lane's life.
+    id_hasher: RandomState,
+    /// Returns read from the confirms that carried them, by [`Key`].
+    returns: HashMap<Key, (u16, String), RandomState>,
     /// Deadlines of unreported entries.
     deadlines: BTreeSet<(Instant, u64)>,
     wakes: Arc<Wakes>,
@@ -282,9 +282,10 @@ impl Lane {
             tainted: false,
             writing: VecDeque::new(),
             next_seq: 0,
-            entries: HashMap::new(),
-            ids: HashSet::new(),
-            returns: HashMap::new(),
+            entries: HashMap::default(),
+            ids: HashSet::default(),
+            id_hasher: RandomState::default(),
+            returns: HashMap::default(),
             deadlines: BTreeSet::new(),
             wakes: Arc::default(),
             woke: Vec::new(),
@@ -445,16 +446,18 @@ impl Lane {
         if ret.reply_code == 0 {
             return;
         }
-        let key = (
-            epoch,
-            ret.properties.message_id().clone().unwrap_or_default(),
-            token_of(&ret.properties),
-        );
+        let id = ret.properties.message_id().as_ref();
+        let key = (epoch, self.id_hash(id), token_of(&ret.properties));
         if self.ids.contains(&key) {
             self.returns
                 .insert(key, (ret.reply_code, ret.reply_text.to_string()));
         } else {
-            tracing::warn!(message_id = %key.1, reply_code = ret.reply_code, "return for a publish this lane does not track; dropped");
+            let message_id = id.map_or("", |i| i.as_str());
+            tracing::warn!(
+                message_id,
+                reply_code = ret.reply_code,
+                "return for a publish this lane does not track; dropped"
+            );
         }
     }
 
@@ -492,7 +495,7 @@ impl Lane {
             let returned = if self.returns.is_empty() {
                 None
             } else {
-                let key = (entry.epoch, entry.id.0.clone(), entry.id.1);
+                let key = (entry.epoch, entry.id.0, entry.id.1);
                 self.returns.get(&key).cloned()
             };
             let outcome = match (result, returned) {
@@ -804,7 +807,8 @@ impl Lane {
         };
         let seq = self.next_seq;
         self.next_seq += 1;
-        let mut key = (open.epoch, job.id(), 0);
+        let id = self.id_hash(job.prepared.properties.message_id().as_ref());
+        let mut key = (open.epoch, id, 0);
         if self.ids.contains(&key) {
             // The id awaits a confirm on this channel already: a token unique on the
             // channel tells the two apart should one be returned.
@@ -833,7 +837,7 @@ impl Lane {
             seq,
             Entry {
                 epoch: open.epoch,
-                id: (key.1.clone(), key.2),
+                id: (key.1, key.2),
                 started: job.started,
                 deadline: job.deadline,
                 watch: BlockWatch::new(open.conn.clone()),
@@ -858,6 +862,12 @@ impl Lane {
             done,
         });
         !failed
+    }
+
+    /// The hash a message id is filed under (no id and an empty one hash alike, as they
+    /// did as strings).
+    fn id_hash(&self, id: Option<&ShortString>) -> u64 {
+        self.id_hasher.hash_one(id.map_or("", |i| i.as_str()))
     }
 
     /// Arms the timer for the next deadline; true if it has already fired.
