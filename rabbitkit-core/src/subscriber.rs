@@ -42,6 +42,10 @@ pub struct Subscriber {
     pub(crate) retry: RetryPolicy,
     pub(crate) policy: AckPolicy,
     pub(crate) fallback: ManualFallback,
+    /// Whether [`Subscriber::manual_fallback`] was called: refused at start unless manual.
+    pub(crate) fallback_set: bool,
+    /// Whether [`Subscriber::delivery_limit`] was called: refused at start unless quorum.
+    pub(crate) delivery_limit_set: bool,
     pub(crate) requeue_limit: u32,
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) prefetch: u16,
@@ -105,6 +109,8 @@ impl Subscriber {
             retry: RetryPolicy::default(),
             policy: AckPolicy::Auto,
             fallback: ManualFallback::NackRequeue,
+            fallback_set: false,
+            delivery_limit_set: false,
             requeue_limit: DEFAULT_REQUEUE_LIMIT,
             classifier: Arc::new(DefaultClassifier),
             prefetch: DEFAULT_PREFETCH,
@@ -160,8 +166,11 @@ impl Subscriber {
     }
 
     /// Quorum only: the broker-side requeue limit before it dead-letters to parking.
+    /// [`Worker::start`](crate::Worker::start) refuses it on a classic work queue, which
+    /// has no such limit.
     pub fn delivery_limit(mut self, n: u32) -> Self {
         self.topology.delivery_limit = n;
+        self.delivery_limit_set = true;
         self
     }
 
@@ -203,8 +212,11 @@ impl Subscriber {
     }
 
     /// What applies when a manual handler returns without settling.
+    /// [`Worker::start`](crate::Worker::start) refuses it unless the ack policy is
+    /// [`AckPolicy::Manual`], the only one it applies to.
     pub fn manual_fallback(mut self, fallback: ManualFallback) -> Self {
         self.fallback = fallback;
+        self.fallback_set = true;
         self
     }
 
@@ -348,6 +360,21 @@ impl Subscriber {
                 )));
             }
         }
+        // Settings that would be taken and then do nothing.
+        if self.delivery_limit_set && self.topology.queue_type != QueueType::Quorum {
+            return Err(crate::Error::Config(format!(
+                "subscriber {:?}: delivery_limit applies only to a quorum work queue \
+                 (queue_type(QueueType::Quorum)); a classic queue has no delivery limit",
+                self.name
+            )));
+        }
+        if self.fallback_set && self.policy != AckPolicy::Manual {
+            return Err(crate::Error::Config(format!(
+                "subscriber {:?}: manual_fallback applies only with AckPolicy::Manual \
+                 (the ack policy is {:?})",
+                self.name, self.policy
+            )));
+        }
         if let Some(c) = &self.ack_coalescing {
             c.check(Some(self.prefetch)).map_err(|(k, m)| {
                 crate::Error::Config(format!(
@@ -430,6 +457,32 @@ impl IntoSubscriber for Subscriber {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_that_would_do_nothing_are_refused_before_start() {
+        let sub = || Subscriber::new("orders", || async { Ok::<(), crate::BoxError>(()) });
+        // A classic work queue has no delivery limit: the broker would never apply it.
+        let classic = sub().delivery_limit(5);
+        assert!(
+            matches!(classic.validate(), Err(crate::Error::Config(m)) if m.contains("delivery_limit")),
+            "delivery_limit on a classic queue"
+        );
+        let quorum = sub().delivery_limit(5).queue_type(QueueType::Quorum);
+        assert!(quorum.validate().is_ok(), "{:?}", quorum.validate());
+        // The fallback applies only to manual handlers that return without settling.
+        let auto = sub().manual_fallback(ManualFallback::Reject);
+        assert!(
+            matches!(auto.validate(), Err(crate::Error::Config(m)) if m.contains("manual_fallback")),
+            "manual_fallback with the auto policy"
+        );
+        // Builder order does not matter: the check runs on the finished definition.
+        let manual = sub()
+            .manual_fallback(ManualFallback::Reject)
+            .ack_policy(AckPolicy::Manual);
+        assert!(manual.validate().is_ok(), "{:?}", manual.validate());
+        // Defaults are never refused.
+        assert!(sub().validate().is_ok());
+    }
 
     #[test]
     fn a_zero_deadline_is_refused_before_start() {

@@ -217,8 +217,9 @@ pub(crate) struct TopologyArgs {
     /// Kind of the bound exchanges: topic, direct, fanout, headers (default topic).
     #[arg(long)]
     pub(crate) exchange_kind: Option<String>,
-    /// Quorum only: the broker-side delivery limit (default 20).
-    #[arg(long)]
+    /// Quorum only: the broker-side delivery limit (default 20). Refused without
+    /// `--quorum`: a classic queue has no delivery limit.
+    #[arg(long, requires = "quorum")]
     pub(crate) delivery_limit: Option<u32>,
 }
 
@@ -323,6 +324,21 @@ mod tests {
             .render()
             .to_string();
         assert!(err.contains("--dry-run"), "{err}");
+    }
+
+    #[test]
+    fn a_delivery_limit_needs_a_quorum_queue() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["rabbitkit", "topology", "apply", "orders"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+        };
+        let err = parse(&["--delivery-limit", "5"])
+            .expect_err("a classic queue has no delivery limit")
+            .render()
+            .to_string();
+        assert!(err.contains("--quorum"), "{err}");
+        assert!(parse(&["--delivery-limit", "5", "--quorum"]).is_ok());
     }
 
     #[test]
