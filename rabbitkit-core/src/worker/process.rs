@@ -181,7 +181,7 @@ impl Pipeline {
                 }
             }
         }
-        let key = crate::requeues::key(&properties, &data);
+        let key = self.settler.requeues.key(&properties, &data);
         let requeues = self
             .settler
             .requeues
