@@ -47,9 +47,9 @@ pub(crate) fn broker_count(properties: &BasicProperties) -> u32 {
 #[derive(Default)]
 pub(crate) struct Requeues {
     inner: Mutex<Table>,
-    /// Keys are hashed with a seed of this table's own (foldhash, randomly seeded): a
-    /// producer cannot craft a message whose key is another message's, and a 256-byte
-    /// body hashes several times faster than with SipHash (every delivery is keyed).
+    /// Keys are hashed with a random seed of this table's own (foldhash): a producer
+    /// would need the seed to make its message share another's count (the fixed-key
+    /// SipHash used before needed none), and every delivery's body hashes faster.
     seed: foldhash::fast::RandomState,
     /// How many messages the table holds, written under the lock: every delivery asks
     /// the table twice (`get`, then `forget` once settled), and while nothing was

@@ -63,7 +63,12 @@ pub fn topologies(config: &WorkerConfig) -> Result<Vec<Topology>> {
         .map(|s| {
             // Never run: only the topology of this subscriber is read.
             let placeholder = || async { crate::outcome::Outcome::Requeue };
-            let sub = apply(s, Subscriber::new(String::new(), placeholder));
+            let mut sub = apply(s, Subscriber::new(String::new(), placeholder));
+            // The handler's own ack policy and queue type are not known here: a
+            // `manual-fallback` or `delivery-limit` the worker would refuse is its check's
+            // to refuse (`from_config`), not the topology tool's.
+            sub.fallback_set = false;
+            sub.delivery_limit_set = false;
             sub.validate()?;
             Ok(sub.full_topology())
         })
@@ -86,6 +91,25 @@ fn refuse_ignored(i: usize, s: &SubscriberConfig, sub: &Subscriber) -> Result<()
              of {:?} is {:?}",
             s.display_name(),
             sub.policy
+        )));
+    }
+    // The file's key turns off what the registered handler set: name the file's key.
+    if s.queue_type.is_some()
+        && sub.delivery_limit_set
+        && sub.topology.queue_type != QueueType::Quorum
+    {
+        return Err(Error::Config(format!(
+            "subscribers[{i}].queue-type: the handler registered for {:?} sets a delivery \
+             limit, which only a quorum work queue has (keep queue-type = \"quorum\", or \
+             drop the handler's delivery_limit)",
+            s.display_name()
+        )));
+    }
+    if s.ack.is_some() && sub.fallback_set && sub.policy != AckPolicy::Manual {
+        return Err(Error::Config(format!(
+            "subscribers[{i}].ack: the handler registered for {:?} sets a manual fallback, \
+             used only with ack = \"manual\" (keep it, or drop the handler's manual_fallback)",
+            s.display_name()
         )));
     }
     Ok(())

@@ -765,4 +765,31 @@ fn keys_the_subscriber_would_ignore_are_refused() {
         "{MINIMAL}ack = \"manual\"\nmanual-fallback = \"reject\"\n"
     ));
     assert!(from_config(&manual, &handlers()).is_ok());
+
+    // The file turning off what the registered handler's code set is refused at the file's key.
+    let coded = || {
+        Handlers::new().subscriber(
+            "greet",
+            Subscriber::new("greetings", ok)
+                .queue_type(QueueType::Quorum)
+                .delivery_limit(5)
+                .ack_policy(AckPolicy::Manual)
+                .manual_fallback(ManualFallback::Reject),
+        )
+    };
+    assert!(from_config(&parse(MINIMAL), &coded()).is_ok());
+    for (line, key) in [
+        ("queue-type = \"classic\"\n", "subscribers[0].queue-type"),
+        ("ack = \"auto\"\n", "subscribers[0].ack"),
+    ] {
+        let err = from_config(&parse(&format!("{MINIMAL}{line}")), &coded())
+            .err()
+            .map(|e| e.to_string());
+        assert!(err.as_deref().is_some_and(|e| e.contains(key)), "{err:?}");
+    }
+    // The topology tool reads the file alone (the handler's code is not known there).
+    let file_only = parse(&format!(
+        "{MINIMAL}delivery-limit = 5\nmanual-fallback = \"reject\"\n"
+    ));
+    assert!(topologies(&file_only).is_ok());
 }

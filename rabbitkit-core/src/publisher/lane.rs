@@ -13,11 +13,11 @@
 //!   it to whichever confirm it resolves next on that channel. The broker sends the return
 //!   before the message's ack, so the confirm that carries it resolves no later than the
 //!   returned message's own one. The lane therefore reads the carried return's
-//!   `message_id` (rabbitkit always sets one) and files it under that id. When a publish's
-//!   id is already awaiting its confirm on the channel (retry copies keep the original's
-//!   id; producers reuse ids), the lane does not wait: it writes the publish with a
-//!   [`PUBLISH_TOKEN`] header unique on the channel, and a return is filed under
-//!   (id, token), so it names exactly one publish;
+//!   `message_id` (rabbitkit always sets one) and files it under that id (by its hash, see
+//!   [`Key`]). When a publish's id (or only its hash) is already awaiting its confirm on
+//!   the channel (retry copies keep the original's id; producers reuse ids), the lane does
+//!   not wait: it writes the publish with a [`PUBLISH_TOKEN`] header unique on the
+//!   channel, and a return is filed under (id, token), so it names exactly one publish;
 //! - one multi-ack frame resolves its confirms one by one, in hash order, while lapin holds
 //!   the channel's acknowledgement lock. A lane that sees one confirm of such a batch may
 //!   not see the carrier yet. Before reporting, the lane takes that lock itself (through
@@ -491,7 +491,7 @@ impl Lane {
             return;
         };
         if entry.reply.is_some() {
-            // Nearly always empty: no key (and no id clone) to build then.
+            // Nearly always empty: no lookup then.
             let returned = if self.returns.is_empty() {
                 None
             } else {
