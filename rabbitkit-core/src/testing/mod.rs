@@ -86,8 +86,19 @@ impl TestKit {
     /// A kit for a whole subscriber definition: its handler and layers, ack policy, manual
     /// fallback, classifier, retry policy, deadline and state. A `#[subscriber]` function
     /// works too.
+    ///
+    /// # Panics
+    ///
+    /// When [`Worker::start`](crate::Worker::start) would refuse the subscriber's settings
+    /// (a zero deadline, a delivery limit on a classic queue, a `Settle` argument outside
+    /// manual mode, a bad retry schedule...): a test of a definition the worker refuses
+    /// would pass for nothing. State is not checked here; give it with
+    /// [`TestKit::state`].
     pub fn new(subscriber: impl IntoSubscriber) -> Self {
         let s = subscriber.into_subscriber();
+        if let Err(e) = s.validate().and_then(|()| s.check_settle()) {
+            panic!("TestKit: Worker::start would refuse this subscriber: {e}");
+        }
         Self {
             spec: Arc::new(s.settle_spec()),
             service: Mutex::new(s.service),

@@ -265,3 +265,18 @@ async fn original_route_is_restored_from_a_retry_copy() {
         "order.paid"
     );
 }
+
+#[test]
+#[should_panic(expected = "Worker::start would refuse this subscriber")]
+fn a_kit_refuses_what_the_worker_would_refuse() {
+    // A classic work queue has no delivery limit: the worker refuses it at start, so a test
+    // of it would pass for nothing.
+    let _ = TestKit::new(Subscriber::new("orders", order).delivery_limit(5));
+}
+
+#[test]
+#[should_panic(expected = "Settle")]
+fn a_kit_refuses_a_settle_argument_outside_manual_mode() {
+    async fn settles(_s: Settle) {}
+    let _ = TestKit::new(Subscriber::new("orders", settles));
+}
