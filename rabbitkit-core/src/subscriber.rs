@@ -336,7 +336,9 @@ impl Subscriber {
         &self.topology
     }
 
-    /// Checks names, retry policy and topology without a broker.
+    /// Checks without a broker what [`Worker::start`](crate::Worker::start) refuses: names,
+    /// retry policy, topology, settings that would do nothing, and a handler's `Settle`
+    /// argument outside manual mode.
     pub fn validate(&self) -> crate::Result<()> {
         self.retry.validate()?;
         if self.deadline.is_some_and(|d| d.is_zero()) {
@@ -390,13 +392,12 @@ impl Subscriber {
                 )));
             }
         }
-        let mut t = self.topology.clone();
-        t.tiers = self.retry.distinct_tiers();
-        t.validate()
+        self.check_settle()?;
+        self.full_topology().validate()
     }
 
     /// Refuses a handler whose `Settle` argument could never be given (not manual mode).
-    pub(crate) fn check_settle(&self) -> crate::Result<()> {
+    fn check_settle(&self) -> crate::Result<()> {
         if self.requirements.needs_settle() && self.policy != AckPolicy::Manual {
             return Err(crate::Error::SettleOutsideManual {
                 subscriber: self.name.clone(),

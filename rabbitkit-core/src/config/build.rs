@@ -77,40 +77,42 @@ pub fn topologies(config: &WorkerConfig) -> Result<Vec<Topology>> {
 
 /// Refuses a key the file sets that the subscriber it builds (the registered handler's
 /// settings with the file's on top) would ignore: no setting is parsed and then ignored.
+/// A setting the code set and a file key turned off is refused at the file's key; one the
+/// code alone got wrong is left to [`Subscriber::validate`].
 fn refuse_ignored(i: usize, s: &SubscriberConfig, sub: &Subscriber) -> Result<()> {
-    if s.delivery_limit.is_some() && sub.topology.queue_type != QueueType::Quorum {
-        return Err(Error::Config(format!(
-            "subscribers[{i}].delivery-limit: only a quorum work queue has a delivery limit; \
-             {:?} is a {:?} queue (set queue-type = \"quorum\", or remove the key)",
-            s.queue, sub.topology.queue_type
-        )));
-    }
-    if s.manual_fallback.is_some() && sub.policy != AckPolicy::Manual {
-        return Err(Error::Config(format!(
-            "subscribers[{i}].manual-fallback: only used with ack = \"manual\"; the ack policy \
-             of {:?} is {:?}",
-            s.display_name(),
-            sub.policy
-        )));
-    }
-    // The file's key turns off what the registered handler set: name the file's key.
-    if s.queue_type.is_some()
-        && sub.delivery_limit_set
-        && sub.topology.queue_type != QueueType::Quorum
-    {
-        return Err(Error::Config(format!(
-            "subscribers[{i}].queue-type: the handler registered for {:?} sets a delivery \
+    if sub.delivery_limit_set && sub.topology.queue_type != QueueType::Quorum {
+        if s.delivery_limit.is_some() {
+            return Err(Error::Config(format!(
+                "subscribers[{i}].delivery-limit: only a quorum work queue has a delivery \
+                 limit; {:?} is a {:?} queue (set queue-type = \"quorum\", or remove the key)",
+                s.queue, sub.topology.queue_type
+            )));
+        }
+        if s.queue_type.is_some() {
+            return Err(Error::Config(format!(
+                "subscribers[{i}].queue-type: the handler registered for {:?} sets a delivery \
              limit, which only a quorum work queue has (keep queue-type = \"quorum\", or \
              drop the handler's delivery_limit)",
-            s.display_name()
-        )));
+                s.display_name()
+            )));
+        }
     }
-    if s.ack.is_some() && sub.fallback_set && sub.policy != AckPolicy::Manual {
-        return Err(Error::Config(format!(
-            "subscribers[{i}].ack: the handler registered for {:?} sets a manual fallback, \
-             used only with ack = \"manual\" (keep it, or drop the handler's manual_fallback)",
-            s.display_name()
-        )));
+    if sub.fallback_set && sub.policy != AckPolicy::Manual {
+        if s.manual_fallback.is_some() {
+            return Err(Error::Config(format!(
+                "subscribers[{i}].manual-fallback: only used with ack = \"manual\"; the ack \
+                 policy of {:?} is {:?}",
+                s.display_name(),
+                sub.policy
+            )));
+        }
+        if s.ack.is_some() {
+            return Err(Error::Config(format!(
+                "subscribers[{i}].ack: the handler registered for {:?} sets a manual fallback, \
+                 used only with ack = \"manual\" (keep it, or drop the handler's manual_fallback)",
+                s.display_name()
+            )));
+        }
     }
     Ok(())
 }

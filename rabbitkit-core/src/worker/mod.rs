@@ -145,7 +145,6 @@ impl Worker {
         let mut names = std::collections::HashSet::new();
         for s in &self.subscribers {
             s.validate()?;
-            s.check_settle()?;
             if !names.insert(s.name.as_str()) {
                 return Err(Error::Config(format!(
                     "two subscribers are named {:?}",
