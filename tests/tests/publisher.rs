@@ -305,8 +305,8 @@ async fn publishes_sharing_a_message_id_do_not_wait_for_each_other() {
     assert_eq!(p.stats().unconfirmed, 0);
 }
 
-/// Several channels: the window is shared, every outcome is still exact, and a
-/// `channels = 0` config is refused.
+/// Several channels: the window is shared (by the shared channels and a batch's own
+/// channel), every outcome is still exact, and a `channels = 0` config is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_channels_share_one_window() {
     use futures_util::StreamExt;
@@ -328,12 +328,17 @@ async fn several_channels_share_one_window() {
             ..Default::default()
         },
     );
-    let envs = (0..900).map(|i| Envelope::new("", if i % 4 == 0 { "nowhere" } else { "ok" }, "x"));
-    let mut stream = Box::pin(p.publish_many(envs));
+    let envs =
+        || (0..900).map(|i| Envelope::new("", if i % 4 == 0 { "nowhere" } else { "ok" }, "x"));
+    // A batch whose size is unknown (size_hint 0) goes through the shared channels; a sized
+    // one drives a channel of its own. Both at once, under one window.
+    let shared = Box::pin(p.publish_many(envs().filter(|_| true)));
+    let batch = Box::pin(p.publish_many(envs()));
+    let mut both = futures_util::stream::select(shared, batch);
     let mut peak = 0;
     let mut seen = 0;
-    while let Some((i, o)) = stream.next().await {
-        // Counted by the channels' tasks as they write, not derived from the window.
+    while let Some((i, o)) = both.next().await {
+        // Counted by the lanes as they write, not derived from the window.
         peak = peak.max(p.stats().unconfirmed);
         let o = o.unwrap();
         if i % 4 == 0 {
@@ -343,9 +348,167 @@ async fn several_channels_share_one_window() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 900);
+    assert_eq!(seen, 1800);
     assert!(peak <= 32, "window exceeded: {peak}");
-    assert_eq!(vh.depth("ok").await, 675);
+    assert_eq!(vh.depth("ok").await, 1350);
+    assert_eq!(p.in_flight(), 0);
+}
+
+/// The publisher connection's open channels in `vh` (rabbitmqctl: no statistics delay).
+fn channels_in(vh: &rabbitkit_tests::Vhost) -> usize {
+    vh.broker
+        .ctl(&["list_channels", "-q", "--no-table-headers", "vhost"])
+        .lines()
+        .filter(|l| l.trim() == vh.name)
+        .count()
+}
+
+/// A sized batch is published on a channel of its own, driven by the stream: in its
+/// order, each outcome exact. The channel is kept for the next batch (no channel per
+/// batch). A stream dropped half-way publishes nothing more, but what it handed over is
+/// made, confirmed and counted, and that channel is closed afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_drives_its_own_channel_in_order_and_keeps_it_for_the_next() {
+    use futures_util::StreamExt;
+    let vh = Broker::from_env().vhost("pub-batch");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let p = publisher(
+        vh.url(),
+        PublisherConfig {
+            max_in_flight: 64,
+            channels: 1,
+            ..Default::default()
+        },
+    );
+    let batch = |tag: &'static str, n: usize| {
+        (0..n).map(move |i| {
+            let rk = if i % 7 == 3 { "nowhere" } else { "ok" };
+            Envelope::new("", rk, format!("{tag}-{i}")).message_id(format!("{tag}-{i}"))
+        })
+    };
+    for tag in ["first", "second"] {
+        let outcomes: Vec<_> = p.publish_many(batch(tag, 300)).collect().await;
+        assert_eq!(outcomes.len(), 300);
+        for (i, o) in &outcomes {
+            let o = o.as_ref().unwrap();
+            if i % 7 == 3 {
+                assert!(
+                    matches!(
+                        o,
+                        PublishOutcome::Returned {
+                            reply_code: 312,
+                            ..
+                        }
+                    ),
+                    "{tag} #{i}: {o}"
+                );
+            } else {
+                assert!(o.is_confirmed(), "{tag} #{i}: {o}");
+            }
+        }
+        let got = vh.get_all("ok", 1000).await;
+        let bodies: Vec<String> = got
+            .iter()
+            .map(|g| String::from_utf8_lossy(&g.body).into_owned())
+            .collect();
+        let expected: Vec<String> = (0..300)
+            .filter(|i| i % 7 != 3)
+            .map(|i| format!("{tag}-{i}"))
+            .collect();
+        assert_eq!(
+            bodies, expected,
+            "{tag}: the batch is in the queue in its order"
+        );
+        assert_eq!(
+            channels_in(&vh),
+            1,
+            "{tag}: one channel, kept for the next batch"
+        );
+    }
+    let s = p.stats();
+    assert_eq!((s.sent, s.confirmed, s.returned), (600, 514, 86));
+
+    // Dropped after 10 outcomes: the rest of what it handed over is still made.
+    let mut stream = Box::pin(p.publish_many(batch("third", 1000)));
+    for _ in 0..10 {
+        let (i, o) = stream.next().await.unwrap();
+        assert!(o.is_ok(), "#{i}");
+    }
+    drop(stream);
+    let handed = p.stats().sent - 600;
+    assert!(
+        (10..=10 + 64).contains(&handed),
+        "handed over within the window: {handed}"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "every publish handed over is reported",
+        || async { p.in_flight() == 0 },
+    )
+    .await;
+    let s = p.stats();
+    assert_eq!(s.sent, 600 + handed);
+    assert_eq!(
+        s.confirmed + s.returned,
+        s.sent,
+        "all confirmed or returned: {s:?}"
+    );
+    assert_eq!(u64::from(vh.depth("ok").await), s.confirmed - 514);
+    wait_until(
+        Duration::from_secs(10),
+        "the dropped batch's channel is closed",
+        || async { channels_in(&vh) == 0 },
+    )
+    .await;
+    // A batch after that opens a channel again.
+    let outcomes: Vec<_> = p.publish_many(batch("fourth", 20)).collect().await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|(i, o)| (i % 7 == 3) != o.as_ref().unwrap().is_confirmed())
+    );
+}
+
+/// A batch refuses bad envelopes one by one (typed, before sending) and publishes the
+/// rest; after `close`, a batch is refused whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refuses_bad_envelopes_alone_and_nothing_after_close() {
+    use futures_util::StreamExt;
+    let vh = Broker::from_env().vhost("pub-batch-bad");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let p = publisher(
+        vh.url(),
+        PublisherConfig {
+            max_body: 1024,
+            ..Default::default()
+        },
+    );
+    let envs = (0..40).map(|i| {
+        let size = if i % 10 == 5 { 4096 } else { 8 };
+        Envelope::new("", "ok", vec![b'x'; size])
+    });
+    let outcomes: Vec<_> = p.publish_many(envs).collect().await;
+    assert_eq!(outcomes.len(), 40);
+    for (i, o) in &outcomes {
+        match o {
+            Err(Error::BodyTooLarge { .. }) => assert_eq!(i % 10, 5, "#{i}"),
+            Ok(o) => assert!(i % 10 != 5 && o.is_confirmed(), "#{i}: {o}"),
+            Err(e) => panic!("#{i}: {e}"),
+        }
+    }
+    assert_eq!(vh.depth("ok").await, 36);
+    p.close(Duration::from_secs(5)).await;
+    let outcomes: Vec<_> = p
+        .publish_many((0..20).map(|_| Envelope::new("", "ok", "late")))
+        .collect()
+        .await;
+    assert_eq!(outcomes.len(), 20);
+    assert!(
+        outcomes
+            .iter()
+            .all(|(_, o)| matches!(o, Err(Error::Closed { .. })))
+    );
+    assert_eq!(vh.depth("ok").await, 36);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -54,11 +54,24 @@ const BUDGET: usize = 128;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// Where a publish's outcome goes.
+pub(super) enum Reply {
+    /// To the [`PendingConfirm`](super::PendingConfirm) of a `send`.
+    Task(oneshot::Sender<PublishOutcome>),
+    /// To the `publish_many` stream driving the lane, as the publish at `index`.
+    Inline {
+        index: usize,
+        /// The publish's `send` span, closed with its outcome.
+        #[cfg(feature = "otel")]
+        span: tracing::Span,
+    },
+}
+
 /// One publish handed to a lane. It holds its window slot until its outcome is reported.
 pub(super) struct Job {
     pub(super) prepared: Prepared,
     pub(super) permit: OwnedSemaphorePermit,
-    pub(super) reply: oneshot::Sender<PublishOutcome>,
+    pub(super) reply: Reply,
     pub(super) started: Instant,
     pub(super) deadline: Instant,
     /// The lane's connection when the lane took the job: a job that times out before it
@@ -182,7 +195,7 @@ struct Entry {
     /// `None` once the outcome is reported. An entry reported as timed out stays until its
     /// confirm resolves or its channel is dropped: a late return it carries must still be
     /// filed, and its id stays taken on its channel.
-    reply: Option<(oneshot::Sender<PublishOutcome>, OwnedSemaphorePermit)>,
+    reply: Option<(Reply, OwnedSemaphorePermit)>,
     confirm: Option<PublisherConfirm>,
     waker: Waker,
 }
@@ -219,11 +232,18 @@ struct Writing {
     done: Option<lapin::Result<PublisherConfirm>>,
 }
 
-/// The state of one lane; driven by [`run`].
-struct Lane {
+/// The state of one lane; driven by [`run`] (publishes from `send`, through a queue) or
+/// by the `publish_many` stream that owns it ([`Lane::inline`]: publishes pushed with
+/// [`Lane::push`], outcomes taken with [`Lane::next_outcome`], no task in between).
+pub(super) struct Lane {
     shared: Arc<Shared>,
-    rx: mpsc::UnboundedReceiver<Job>,
+    /// `None` for a lane driven inline.
+    rx: Option<mpsc::UnboundedReceiver<Job>>,
+    /// More publishes may come (the queue is open, or the inline driver has more).
     rx_open: bool,
+    /// Outcomes of inline publishes, by index, for the driver to take; `None` once nobody
+    /// reads them (the driver was dropped and the lane finishes on its own).
+    outcomes: Option<VecDeque<(usize, PublishOutcome)>>,
     /// Received, not yet written.
     backlog: VecDeque<Job>,
     chan: Chan,
@@ -263,15 +283,26 @@ struct Lane {
 
 /// Runs one lane until every sender is gone and every publish handed to it is reported.
 pub(super) async fn run(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Job>) {
-    let mut lane = Lane::new(shared, rx);
+    finish(Lane::new(shared, Some(rx))).await;
+}
+
+/// Drives `lane` until every publish handed to it is reported, then closes its channel.
+/// Outcomes of inline publishes are dropped (counted all the same).
+pub(super) async fn finish(mut lane: Lane) {
+    lane.outcomes = None;
+    if lane.rx.is_none() {
+        // An inline lane's driver is gone: nothing more will come.
+        lane.rx_open = false;
+    }
     std::future::poll_fn(|cx| lane.poll(cx)).await;
     lane.close_channel();
 }
 
 impl Lane {
-    fn new(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Job>) -> Self {
+    fn new(shared: Arc<Shared>, rx: Option<mpsc::UnboundedReceiver<Job>>) -> Self {
         Lane {
             shared,
+            outcomes: rx.is_none().then(VecDeque::new),
             rx,
             rx_open: true,
             backlog: VecDeque::new(),
@@ -297,7 +328,38 @@ impl Lane {
 }
 
 impl Lane {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// A lane for one `publish_many` stream to drive: it opens its own channel.
+    /// Must be called inside a tokio runtime (it makes a timer).
+    pub(super) fn inline(shared: Arc<Shared>) -> Self {
+        Self::new(shared, None)
+    }
+
+    /// Hands a publish to an inline lane; it is written on the next [`Lane::poll`].
+    pub(super) fn push(&mut self, mut job: Job) {
+        job.blocks_before = self.conn().map(BlockWatch::new);
+        self.backlog.push_back(job);
+    }
+
+    /// Tells an inline lane whether more publishes may come: with none, [`Lane::poll`] is
+    /// ready once every publish pushed is reported.
+    pub(super) fn set_open(&mut self, open: bool) {
+        self.rx_open = open;
+    }
+
+    /// The next reported outcome of an inline publish.
+    pub(super) fn next_outcome(&mut self) -> Option<(usize, PublishOutcome)> {
+        self.outcomes.as_mut()?.pop_front()
+    }
+
+    /// Whether every publish handed to the lane is reported (its channel may still have
+    /// timed-out publishes awaiting their confirms; the lane follows them when next driven).
+    pub(super) fn is_idle(&self) -> bool {
+        self.backlog.is_empty() && !self.has_unreported(None)
+    }
+
+    /// Makes progress: receives, writes, reads confirms, reports, expires. Ready when no
+    /// more publishes may come and every one handed over is reported.
+    pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         self.wakes.lane.register(cx.waker());
         for _ in 0..BUDGET {
             let mut progress = self.receive(cx);
@@ -323,7 +385,10 @@ impl Lane {
     fn receive(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
         while self.rx_open {
-            match self.rx.poll_recv(cx) {
+            let Some(rx) = self.rx.as_mut() else {
+                break;
+            };
+            match rx.poll_recv(cx) {
                 Poll::Ready(Some(mut job)) => {
                     job.blocks_before = self.conn().map(BlockWatch::new);
                     self.backlog.push_back(job);
@@ -535,8 +600,28 @@ impl Lane {
             .unconfirmed
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.shared.count(&outcome);
-        let _ = reply.send(outcome);
+        self.send_reply(reply, outcome);
         drop(permit);
+    }
+
+    /// Hands `outcome` to whoever waits for it.
+    fn send_reply(&mut self, reply: Reply, outcome: PublishOutcome) {
+        match reply {
+            Reply::Task(tx) => {
+                let _ = tx.send(outcome);
+            }
+            Reply::Inline {
+                index,
+                #[cfg(feature = "otel")]
+                span,
+            } => {
+                #[cfg(feature = "otel")]
+                crate::observe::otel::sent(&span, &outcome);
+                if let Some(out) = self.outcomes.as_mut() {
+                    out.push_back((index, outcome));
+                }
+            }
+        }
     }
 
     fn forget(&mut self, seq: u64) {
@@ -617,9 +702,9 @@ impl Lane {
         }
     }
 
-    fn reply_unwritten(&self, job: Job, outcome: PublishOutcome) {
+    fn reply_unwritten(&mut self, job: Job, outcome: PublishOutcome) {
         self.shared.count(&outcome);
-        let _ = job.reply.send(outcome);
+        self.send_reply(job.reply, outcome);
         drop(job.permit);
     }
 

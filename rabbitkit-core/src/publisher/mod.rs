@@ -17,6 +17,7 @@
 //! - `Ack` with a return is [`PublishOutcome::Returned`], never success.
 
 mod lane;
+mod many;
 mod outcome;
 
 pub use outcome::PublishOutcome;
@@ -142,6 +143,20 @@ struct Inner {
     /// can be built outside a runtime) and again if its runtime went away.
     lanes: Box<[std::sync::Mutex<Option<mpsc::UnboundedSender<lane::Job>>>]>,
     next_lane: AtomicUsize,
+    /// Lanes of finished `publish_many` batches, with their channels, for the next batch
+    /// (at most [`PublisherConfig::channels`]).
+    idle: IdleLanes,
+}
+
+/// Idle lanes of `publish_many` batches.
+#[derive(Default)]
+struct IdleLanes(std::sync::Mutex<Vec<lane::Lane>>);
+
+impl std::fmt::Debug for IdleLanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |v| v.len());
+        f.debug_struct("IdleLanes").field("lanes", &n).finish()
+    }
 }
 
 /// What the lanes share with the handle. Lanes do not hold [`Inner`]: when the last
@@ -222,6 +237,7 @@ impl Publisher {
                 permits: Arc::new(Semaphore::new(cfg.max_in_flight)),
                 lanes,
                 next_lane: AtomicUsize::new(0),
+                idle: IdleLanes::default(),
             }),
         })
     }
@@ -297,7 +313,7 @@ impl Publisher {
         self.inner.dispatch(lane::Job {
             prepared,
             permit,
-            reply,
+            reply: lane::Reply::Task(reply),
             started,
             deadline: started + shared.cfg.confirm_timeout,
             blocks_before: None,
@@ -310,7 +326,16 @@ impl Publisher {
     }
 
     /// Publishes every envelope with the window kept full; yields `(index, result)` in
-    /// completion order.
+    /// completion order. `Err` is an envelope refused before anything was sent, as
+    /// [`Publisher::send`] refuses it.
+    ///
+    /// A batch of at least 16 envelopes (by its iterator's `size_hint`) is published on a
+    /// confirm channel of its own, driven by the stream itself: no task hand-off per
+    /// publish, the same attribution and deadlines, and the batch goes out in its order.
+    /// The channel is kept for the next batch (up to [`PublisherConfig::channels`] idle
+    /// ones). A smaller batch goes through the shared channels, as `send` does. Dropping
+    /// the stream early publishes nothing more, but what it already handed over is still
+    /// made, confirmed and counted.
     pub fn publish_many<I>(
         &self,
         envelopes: I,
@@ -319,14 +344,23 @@ impl Publisher {
         I: IntoIterator<Item = Envelope>,
         I::IntoIter: Send + 'static,
     {
+        let envelopes = envelopes.into_iter();
+        if envelopes.size_hint().0 >= INLINE_BATCH {
+            return futures_util::future::Either::Left(many::Many::new(
+                self.inner.clone(),
+                Box::new(envelopes),
+            ));
+        }
         let this = self.clone();
         let window = self.inner.shared.cfg.max_in_flight;
-        futures_util::stream::iter(envelopes.into_iter().enumerate())
-            .map(move |(i, env)| {
-                let this = this.clone();
-                async move { (i, this.publish(env).await) }
-            })
-            .buffer_unordered(window)
+        futures_util::future::Either::Right(
+            futures_util::stream::iter(envelopes.enumerate())
+                .map(move |(i, env)| {
+                    let this = this.clone();
+                    async move { (i, this.publish(env).await) }
+                })
+                .buffer_unordered(window),
+        )
     }
 
     /// A snapshot of the counters.
@@ -361,7 +395,28 @@ impl Publisher {
     }
 }
 
+/// The smallest `publish_many` batch driven on a channel of its own.
+const INLINE_BATCH: usize = 16;
+
 impl Inner {
+    /// An idle batch lane, or a new one (which opens its channel on its first publish).
+    /// Inside a runtime only.
+    fn take_idle_lane(&self) -> lane::Lane {
+        let idle = self.idle.0.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        idle.unwrap_or_else(|| lane::Lane::inline(self.shared.clone()))
+    }
+
+    /// Keeps a batch's lane for the next batch, or lets it finish and close its channel.
+    fn release_lane(&self, lane: lane::Lane) {
+        let mut idle = self.idle.0.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.shared.cfg.channels && lane.is_idle() {
+            idle.push(lane);
+        } else if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            drop(idle);
+            handle.spawn(lane::finish(lane));
+        }
+    }
+
     /// Hands `job` to the next lane, starting the lane's task if it is not running.
     fn dispatch(&self, mut job: lane::Job) {
         let i = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
@@ -378,7 +433,10 @@ impl Inner {
                 let outcome =
                     PublishOutcome::Failed(Error::Config("publish outside a tokio runtime".into()));
                 self.shared.count(&outcome);
-                let _ = job.reply.send(outcome);
+                // `send` hands over only replies to a `PendingConfirm`.
+                if let lane::Reply::Task(tx) = job.reply {
+                    let _ = tx.send(outcome);
+                }
                 return;
             }
         };
