@@ -289,13 +289,18 @@ pub(super) async fn run(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Job>) {
 /// Drives `lane` until every publish handed to it is reported, then closes its channel.
 /// Outcomes of inline publishes are dropped (counted all the same).
 pub(super) async fn finish(mut lane: Lane) {
+    drain(&mut lane).await;
+    lane.close_channel();
+}
+
+/// Drives `lane` until every publish handed to it is reported. For an inline lane whose
+/// driver is gone: nothing more comes, and its outcomes are dropped (counted all the same).
+pub(super) async fn drain(lane: &mut Lane) {
     lane.outcomes = None;
     if lane.rx.is_none() {
-        // An inline lane's driver is gone: nothing more will come.
         lane.rx_open = false;
     }
     std::future::poll_fn(|cx| lane.poll(cx)).await;
-    lane.close_channel();
 }
 
 impl Lane {
@@ -332,6 +337,13 @@ impl Lane {
     /// Must be called inside a tokio runtime (it makes a timer).
     pub(super) fn inline(shared: Arc<Shared>) -> Self {
         Self::new(shared, None)
+    }
+
+    /// Readies an idle inline lane for a new driver: more publishes may come, and their
+    /// outcomes are kept for it.
+    pub(super) fn reuse(&mut self) {
+        self.rx_open = true;
+        self.outcomes = Some(VecDeque::new());
     }
 
     /// Hands a publish to an inline lane; it is written on the next [`Lane::poll`].
@@ -868,19 +880,32 @@ impl Lane {
                 true
             }
             Chan::Open(_) => {
-                while self.start_write(cx) {
+                let first = self.writing.len();
+                while self.start_write() {
                     progress = true;
+                }
+                // Hand them to lapin back to back, with no bookkeeping in between: lapin's
+                // I/O thread, woken by the first, then finds the others queued too and
+                // writes them in one go (docs/PROFILE.md, sixth pass). The first poll of
+                // each takes its delivery tag and queues its frames; this lane is the only
+                // publisher on the channel, so the tags follow the order of the frames. Every
+                // write made here is started here: one that fails at once (the channel died
+                // meanwhile) is reported `Failed` by `poll_write`, like the others after it.
+                for w in self.writing.iter_mut().skip(first) {
+                    if let Poll::Ready(result) = w.fut.as_mut().poll(cx) {
+                        w.done = Some(result);
+                    }
                 }
                 progress
             }
         }
     }
 
-    /// Hands the oldest waiting publish to lapin on the open channel. False when there is
-    /// none, when the channel or its connection is closing (what is left waits for the next
-    /// channel instead of failing here), or when this publish failed at once (the next one
-    /// would too).
-    fn start_write(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Makes the oldest waiting publish's write on the open channel and files its entry;
+    /// [`Lane::start_work`] then hands it to lapin. False when there is none, or when the
+    /// channel or its connection is closing (what is left waits for the next channel
+    /// instead of failing here).
+    fn start_write(&mut self) -> bool {
         let Chan::Open(open) = &self.chan else {
             return false;
         };
@@ -907,17 +932,11 @@ impl Lane {
             mandatory: p.mandatory,
             immediate: false,
         };
-        let mut fut: BoxFuture<lapin::Result<PublisherConfirm>> = Box::pin(async move {
+        let fut: BoxFuture<lapin::Result<PublisherConfirm>> = Box::pin(async move {
             channel
                 .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties)
                 .await
         });
-        // The first poll takes the delivery tag and queues the frames.
-        let done = match fut.as_mut().poll(cx) {
-            Poll::Ready(result) => Some(result),
-            Poll::Pending => None,
-        };
-        let failed = matches!(done, Some(Err(_)));
         self.entries.insert(
             seq,
             Entry {
@@ -944,9 +963,9 @@ impl Lane {
             seq,
             epoch: open.epoch,
             fut,
-            done,
+            done: None,
         });
-        !failed
+        true
     }
 
     /// The hash a message id is filed under (no id and an empty one hash alike, as they

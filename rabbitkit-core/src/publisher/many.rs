@@ -12,7 +12,8 @@
 //! stream ends, the lane (and its open channel) goes back to the publisher's idle pool for
 //! the next batch; when the stream is dropped with publishes still in flight, the lane
 //! finishes them in a task of its own (outcomes counted, as with a dropped
-//! `PendingConfirm`) and then closes its channel.
+//! `PendingConfirm`) and then goes back to the pool (or closes its channel when the pool
+//! is full or the publisher gone).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -205,8 +206,17 @@ impl Drop for Many {
             self.inner.release_lane(lane);
         } else if let Ok(handle) = tokio::runtime::Handle::try_current() {
             // Publishes in flight are made and their confirms awaited and counted, as for
-            // a dropped `PendingConfirm`.
-            handle.spawn(lane::finish(lane));
+            // a dropped `PendingConfirm`; then the lane goes back to the pool, unless the
+            // publisher is gone (this task does not keep it alive).
+            let inner = Arc::downgrade(&self.inner);
+            let mut lane = lane;
+            handle.spawn(async move {
+                lane::drain(&mut lane).await;
+                match inner.upgrade() {
+                    Some(inner) => inner.release_lane(lane),
+                    None => lane::finish(lane).await,
+                }
+            });
         }
     }
 }

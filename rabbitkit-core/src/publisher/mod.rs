@@ -403,7 +403,13 @@ impl Inner {
     /// Inside a runtime only.
     fn take_idle_lane(&self) -> lane::Lane {
         let idle = self.idle.0.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        idle.unwrap_or_else(|| lane::Lane::inline(self.shared.clone()))
+        match idle {
+            Some(mut lane) => {
+                lane.reuse();
+                lane
+            }
+            None => lane::Lane::inline(self.shared.clone()),
+        }
     }
 
     /// Keeps a batch's lane for the next batch, or lets it finish and close its channel.
