@@ -48,7 +48,8 @@ pub struct PublisherConfig {
     #[serde(default = "default_window")]
     pub max_in_flight: usize,
     /// Confirm channels the publishes are spread over, round-robin. Each is written by one
-    /// task; with `1`, publishes go out in the order they were sent.
+    /// task; with `1`, publishes go out in the order they were sent. Also how many idle
+    /// channels of [`Publisher::publish_many`] batches are kept for the next batch.
     #[serde(default = "default_channels")]
     pub channels: usize,
     /// How long a publish may wait for its confirm (write included) before it is
