@@ -305,8 +305,8 @@ async fn publishes_sharing_a_message_id_do_not_wait_for_each_other() {
     assert_eq!(p.stats().unconfirmed, 0);
 }
 
-/// Several channels: the window is shared (by the shared channels and a batch's own
-/// channel), every outcome is still exact, and a `channels = 0` config is refused.
+/// Several channels: the window is shared (by every channel and every batch), every
+/// outcome is still exact, and a `channels = 0` config is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_channels_share_one_window() {
     use futures_util::StreamExt;
@@ -330,11 +330,10 @@ async fn several_channels_share_one_window() {
     );
     let envs =
         || (0..900).map(|i| Envelope::new("", if i % 4 == 0 { "nowhere" } else { "ok" }, "x"));
-    // A batch whose size is unknown (size_hint 0) goes through the shared channels; a sized
-    // one drives a channel of its own. Both at once, under one window.
-    let shared = Box::pin(p.publish_many(envs().filter(|_| true)));
-    let batch = Box::pin(p.publish_many(envs()));
-    let mut both = futures_util::stream::select(shared, batch);
+    // Two batches at once, their passes spread over the three channels, under one window.
+    let one = Box::pin(p.publish_many(envs()));
+    let other = Box::pin(p.publish_many(envs()));
+    let mut both = futures_util::stream::select(one, other);
     let mut peak = 0;
     let mut seen = 0;
     while let Some((i, o)) = both.next().await {
@@ -363,12 +362,11 @@ fn channels_in(vh: &rabbitkit_tests::Vhost) -> usize {
         .count()
 }
 
-/// A sized batch is published on a channel of its own, driven by the stream: in its
-/// order, each outcome exact. The channel is kept for the next batch (no channel per
-/// batch). A stream dropped half-way publishes nothing more, but what it handed over is
-/// made, confirmed and counted, and its channel is kept for the next batch too.
+/// A batch goes out on the publisher's channel (no channel of its own), in its order with
+/// `channels = 1`, each outcome exact. A stream dropped half-way publishes nothing more,
+/// but what it handed over is made, confirmed and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_batch_drives_its_own_channel_in_order_and_keeps_it_for_the_next() {
+async fn a_batch_goes_out_in_order_on_the_publisher_channel() {
     use futures_util::StreamExt;
     let vh = Broker::from_env().vhost("pub-batch");
     vh.declare_queue("ok", FieldTable::default()).await;
@@ -422,7 +420,7 @@ async fn a_batch_drives_its_own_channel_in_order_and_keeps_it_for_the_next() {
         assert_eq!(
             channels_in(&vh),
             1,
-            "{tag}: one channel, kept for the next batch"
+            "{tag}: the publisher's one channel, no other"
         );
     }
     let s = p.stats();
@@ -435,11 +433,6 @@ async fn a_batch_drives_its_own_channel_in_order_and_keeps_it_for_the_next() {
         assert!(o.is_ok(), "#{i}");
     }
     drop(stream);
-    let handed = p.stats().sent - 600;
-    assert!(
-        (10..=10 + 64).contains(&handed),
-        "handed over within the window: {handed}"
-    );
     wait_until(
         Duration::from_secs(10),
         "every publish handed over is reported",
@@ -447,41 +440,66 @@ async fn a_batch_drives_its_own_channel_in_order_and_keeps_it_for_the_next() {
     )
     .await;
     let s = p.stats();
-    assert_eq!(s.sent, 600 + handed);
+    let handed = s.sent - 600;
+    assert!(
+        (10..=10 + 64).contains(&handed),
+        "handed over within the window: {handed}"
+    );
     assert_eq!(
         s.confirmed + s.returned,
         s.sent,
         "all confirmed or returned: {s:?}"
     );
     assert_eq!(u64::from(vh.depth("ok").await), s.confirmed - 514);
-    // The next batch runs on the same channel: none leaks, none is opened.
-    let outcomes: Vec<_> = p.publish_many(batch("fourth", 20)).collect().await;
+    assert_eq!(s.unconfirmed, 0);
+}
+
+/// A batch whose stream is not polled does not hold the window: its publishes are made and
+/// their slots freed by the channel's task, so other publishes, and another batch, go on
+/// (here the batch alone is larger than the window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_left_unpolled_does_not_hold_the_window() {
+    use futures_util::StreamExt;
+    let vh = Broker::from_env().vhost("pub-batch-idle");
+    vh.declare_queue("ok", FieldTable::default()).await;
+    let p = publisher(
+        vh.url(),
+        PublisherConfig {
+            max_in_flight: 8,
+            ..Default::default()
+        },
+    );
+    let envs = |n: usize| (0..n).map(|i| Envelope::new("", "ok", format!("m{i}")));
+    let mut idle = Box::pin(p.publish_many(envs(100)));
+    let (_, first) = idle.next().await.unwrap();
+    assert!(first.unwrap().is_confirmed());
+    // `idle` is not polled from here on.
+    let one = tokio::time::timeout(
+        Duration::from_secs(10),
+        p.publish(Envelope::new("", "ok", "one")),
+    )
+    .await
+    .expect("a publish beside an unpolled batch must not wait for it")
+    .unwrap();
+    assert!(one.is_confirmed(), "{one}");
+    let other: Vec<_> = tokio::time::timeout(
+        Duration::from_secs(10),
+        p.publish_many(envs(30)).collect::<Vec<_>>(),
+    )
+    .await
+    .expect("a batch beside an unpolled batch must not wait for it");
+    assert_eq!(other.len(), 30);
     assert!(
-        outcomes
+        other
             .iter()
-            .all(|(i, o)| (i % 7 == 3) != o.as_ref().unwrap().is_confirmed())
+            .all(|(_, o)| o.as_ref().unwrap().is_confirmed())
     );
-    // (The dropped batch's lane may still be on its way back to the pool: a channel
-    // opened meanwhile is closed once the pool is full.)
-    wait_until(
-        Duration::from_secs(10),
-        "one channel, none leaked",
-        || async { channels_in(&vh) == 1 },
-    )
-    .await;
-    // Two batches at once: two channels; the pool keeps `channels` = 1 idle one, so the
-    // other is closed once its batch is done.
-    let (a, b) = tokio::join!(
-        p.publish_many(batch("fifth", 200)).collect::<Vec<_>>(),
-        p.publish_many(batch("sixth", 200)).collect::<Vec<_>>()
-    );
-    assert_eq!((a.len(), b.len()), (200, 200));
-    wait_until(
-        Duration::from_secs(10),
-        "one idle channel kept, the other closed",
-        || async { channels_in(&vh) == 1 },
-    )
-    .await;
+    // The unpolled batch resumes where it stopped.
+    let rest: Vec<_> = idle.collect().await;
+    assert_eq!(rest.len(), 99);
+    assert!(rest.iter().all(|(_, o)| o.as_ref().unwrap().is_confirmed()));
+    assert_eq!(vh.depth("ok").await, 131);
+    assert_eq!(p.in_flight(), 0);
 }
 
 /// A batch refuses bad envelopes one by one (typed, before sending) and publishes the

@@ -31,6 +31,7 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -58,13 +59,128 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub(super) enum Reply {
     /// To the [`PendingConfirm`](super::PendingConfirm) of a `send`.
     Task(oneshot::Sender<PublishOutcome>),
-    /// To the `publish_many` stream driving the lane, as the publish at `index`.
-    Inline {
+    /// To the `publish_many` stream the publish belongs to.
+    Batch(BatchSlot),
+}
+
+impl Reply {
+    /// Hands `outcome` over now (outside a lane: no wake-up to fold).
+    pub(super) fn deliver(self, outcome: PublishOutcome) {
+        match self {
+            Reply::Task(tx) => {
+                let _ = tx.send(outcome);
+            }
+            Reply::Batch(slot) => {
+                if let Some(sink) = slot.fill(outcome) {
+                    sink.wake();
+                }
+            }
+        }
+    }
+}
+
+/// The outcomes of one `publish_many` stream, filled by the lanes, emptied by the stream.
+#[derive(Default)]
+pub(super) struct BatchSink {
+    outcomes: Mutex<VecDeque<(usize, PublishOutcome)>>,
+    stream: AtomicWaker,
+    /// A wake-up of the stream is owed (a lane wakes it once per pass, not per outcome).
+    owed: AtomicBool,
+    /// The stream is gone: outcomes are counted by the lanes, not kept.
+    dropped: AtomicBool,
+}
+
+impl BatchSink {
+    /// Registers the stream's waker, then moves every outcome filed so far into `out`.
+    pub(super) fn take(&self, cx: &Context<'_>, out: &mut VecDeque<(usize, PublishOutcome)>) {
+        self.stream.register(cx.waker());
+        out.append(&mut self.outcomes.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// The stream is dropped: stop keeping outcomes.
+    pub(super) fn close(&self) {
+        self.dropped.store(true, Ordering::Release);
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    fn wake(&self) {
+        self.owed.store(false, Ordering::Release);
+        self.stream.wake();
+    }
+}
+
+/// One publish's place in its `publish_many` stream. Dropped unfilled (its lane's task
+/// ended with the runtime), it files a `Failed` outcome, as a dropped oneshot fails a
+/// [`PendingConfirm`](super::PendingConfirm).
+pub(super) struct BatchSlot {
+    index: usize,
+    sink: Option<Arc<BatchSink>>,
+    /// The publish's `send` span, closed with its outcome.
+    #[cfg(feature = "otel")]
+    span: tracing::Span,
+}
+
+impl BatchSlot {
+    pub(super) fn new(
         index: usize,
-        /// The publish's `send` span, closed with its outcome.
+        sink: Arc<BatchSink>,
+        #[cfg(feature = "otel")] span: tracing::Span,
+    ) -> Self {
+        Self {
+            index,
+            sink: Some(sink),
+            #[cfg(feature = "otel")]
+            span,
+        }
+    }
+
+    /// Files `outcome`; the sink when it now owes its stream a wake-up.
+    fn fill(mut self, outcome: PublishOutcome) -> Option<Arc<BatchSink>> {
         #[cfg(feature = "otel")]
-        span: tracing::Span,
-    },
+        crate::observe::otel::sent(&self.span, &outcome);
+        let sink = self.sink.take()?;
+        if sink.dropped.load(Ordering::Acquire) {
+            return None;
+        }
+        sink.outcomes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back((self.index, outcome));
+        (!sink.owed.swap(true, Ordering::AcqRel)).then_some(sink)
+    }
+}
+
+impl Drop for BatchSlot {
+    fn drop(&mut self) {
+        if self.sink.is_some() {
+            let index = self.index;
+            let sink = self.sink.take();
+            let slot = BatchSlot {
+                index,
+                sink,
+                #[cfg(feature = "otel")]
+                span: self.span.clone(),
+            };
+            let failed = PublishOutcome::Failed(Error::Amqp(
+                "publisher task ended (runtime shut down)".into(),
+            ));
+            if let Some(sink) = slot.fill(failed) {
+                sink.wake();
+            }
+        }
+    }
+}
+
+/// What a lane's queue carries: one publish (`send`) or a stream's pass (`publish_many`).
+// A `Job` is carried inline, as before there were passes: boxing it would cost `send` an
+// allocation per publish, and the queue's blocks hold a message in place either way.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum LaneMsg {
+    One(Job),
+    Many(Vec<Job>),
 }
 
 /// One publish handed to a lane. It holds its window slot until its outcome is reported.
@@ -223,6 +339,22 @@ enum Chan {
     Open(Open),
 }
 
+/// A publish of the pass [`Lane::start_work`] is handing to lapin: its key is taken, its
+/// write made and started, then its entry filed.
+struct Staged {
+    seq: u64,
+    key: Key,
+    /// `None` once its write is made.
+    prepared: Option<Prepared>,
+    permit: OwnedSemaphorePermit,
+    reply: Reply,
+    started: Instant,
+    deadline: Instant,
+    blocks_before: Option<BlockWatch>,
+    write: Option<BoxFuture<lapin::Result<PublisherConfirm>>>,
+    done: Option<lapin::Result<PublisherConfirm>>,
+}
+
 /// A publish handed to lapin whose frames are not written yet.
 struct Writing {
     seq: u64,
@@ -232,18 +364,15 @@ struct Writing {
     done: Option<lapin::Result<PublisherConfirm>>,
 }
 
-/// The state of one lane; driven by [`run`] (publishes from `send`, through a queue) or
-/// by the `publish_many` stream that owns it ([`Lane::inline`]: publishes pushed with
-/// [`Lane::push`], outcomes taken with [`Lane::next_outcome`], no task in between).
-pub(super) struct Lane {
+/// The state of one lane; driven by [`run`].
+struct Lane {
     shared: Arc<Shared>,
-    /// `None` for a lane driven inline.
-    rx: Option<mpsc::UnboundedReceiver<Job>>,
-    /// More publishes may come (the queue is open, or the inline driver has more).
+    rx: mpsc::UnboundedReceiver<LaneMsg>,
     rx_open: bool,
-    /// Outcomes of inline publishes, by index, for the driver to take; `None` once nobody
-    /// reads them (the driver was dropped and the lane finishes on its own).
-    outcomes: Option<VecDeque<(usize, PublishOutcome)>>,
+    /// Streams owed a wake-up by this pass (see [`BatchSink`]).
+    to_wake: Vec<Arc<BatchSink>>,
+    /// Publishes of the pass being handed to lapin (see [`Lane::start_work`]); reused.
+    staged: Vec<Staged>,
     /// Received, not yet written.
     backlog: VecDeque<Job>,
     chan: Chan,
@@ -282,34 +411,20 @@ pub(super) struct Lane {
 }
 
 /// Runs one lane until every sender is gone and every publish handed to it is reported.
-pub(super) async fn run(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Job>) {
-    finish(Lane::new(shared, Some(rx))).await;
-}
-
-/// Drives `lane` until every publish handed to it is reported, then closes its channel.
-/// Outcomes of inline publishes are dropped (counted all the same).
-pub(super) async fn finish(mut lane: Lane) {
-    drain(&mut lane).await;
+pub(super) async fn run(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<LaneMsg>) {
+    let mut lane = Lane::new(shared, rx);
+    std::future::poll_fn(|cx| lane.poll(cx)).await;
     lane.close_channel();
 }
 
-/// Drives `lane` until every publish handed to it is reported. For an inline lane whose
-/// driver is gone: nothing more comes, and its outcomes are dropped (counted all the same).
-pub(super) async fn drain(lane: &mut Lane) {
-    lane.outcomes = None;
-    if lane.rx.is_none() {
-        lane.rx_open = false;
-    }
-    std::future::poll_fn(|cx| lane.poll(cx)).await;
-}
-
 impl Lane {
-    fn new(shared: Arc<Shared>, rx: Option<mpsc::UnboundedReceiver<Job>>) -> Self {
+    fn new(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<LaneMsg>) -> Self {
         Lane {
             shared,
-            outcomes: rx.is_none().then(VecDeque::new),
             rx,
             rx_open: true,
+            to_wake: Vec::new(),
+            staged: Vec::new(),
             backlog: VecDeque::new(),
             chan: Chan::None,
             old: Vec::new(),
@@ -333,45 +448,7 @@ impl Lane {
 }
 
 impl Lane {
-    /// A lane for one `publish_many` stream to drive: it opens its own channel.
-    /// Must be called inside a tokio runtime (it makes a timer).
-    pub(super) fn inline(shared: Arc<Shared>) -> Self {
-        Self::new(shared, None)
-    }
-
-    /// Readies an idle inline lane for a new driver: more publishes may come, and their
-    /// outcomes are kept for it.
-    pub(super) fn reuse(&mut self) {
-        self.rx_open = true;
-        self.outcomes = Some(VecDeque::new());
-    }
-
-    /// Hands a publish to an inline lane; it is written on the next [`Lane::poll`].
-    pub(super) fn push(&mut self, mut job: Job) {
-        job.blocks_before = self.conn().map(BlockWatch::new);
-        self.backlog.push_back(job);
-    }
-
-    /// Tells an inline lane whether more publishes may come: with none, [`Lane::poll`] is
-    /// ready once every publish pushed is reported.
-    pub(super) fn set_open(&mut self, open: bool) {
-        self.rx_open = open;
-    }
-
-    /// The next reported outcome of an inline publish.
-    pub(super) fn next_outcome(&mut self) -> Option<(usize, PublishOutcome)> {
-        self.outcomes.as_mut()?.pop_front()
-    }
-
-    /// Whether every publish handed to the lane is reported (its channel may still have
-    /// timed-out publishes awaiting their confirms; the lane follows them when next driven).
-    pub(super) fn is_idle(&self) -> bool {
-        self.backlog.is_empty() && !self.has_unreported(None)
-    }
-
-    /// Makes progress: receives, writes, reads confirms, reports, expires. Ready when no
-    /// more publishes may come and every one handed over is reported.
-    pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         self.wakes.lane.register(cx.waker());
         for _ in 0..BUDGET {
             let mut progress = self.receive(cx);
@@ -380,6 +457,7 @@ impl Lane {
             progress |= self.expire();
             progress |= self.recycle();
             progress |= self.start_work(cx);
+            self.wake_streams();
             if progress {
                 continue;
             }
@@ -397,13 +475,17 @@ impl Lane {
     fn receive(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
         while self.rx_open {
-            let Some(rx) = self.rx.as_mut() else {
-                break;
-            };
-            match rx.poll_recv(cx) {
-                Poll::Ready(Some(mut job)) => {
-                    job.blocks_before = self.conn().map(BlockWatch::new);
-                    self.backlog.push_back(job);
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(msg)) => {
+                    let conn = self.conn();
+                    let mut take = |mut job: Job| {
+                        job.blocks_before = conn.clone().map(BlockWatch::new);
+                        self.backlog.push_back(job);
+                    };
+                    match msg {
+                        LaneMsg::One(job) => take(job),
+                        LaneMsg::Many(jobs) => jobs.into_iter().for_each(take),
+                    }
                     progress = true;
                 }
                 Poll::Ready(None) => {
@@ -616,23 +698,25 @@ impl Lane {
         drop(permit);
     }
 
-    /// Hands `outcome` to whoever waits for it.
+    /// Hands `outcome` to whoever waits for it. A stream is woken once per pass, by
+    /// [`Lane::wake_streams`], however many of its outcomes the pass filed.
     fn send_reply(&mut self, reply: Reply, outcome: PublishOutcome) {
         match reply {
             Reply::Task(tx) => {
                 let _ = tx.send(outcome);
             }
-            Reply::Inline {
-                index,
-                #[cfg(feature = "otel")]
-                span,
-            } => {
-                #[cfg(feature = "otel")]
-                crate::observe::otel::sent(&span, &outcome);
-                if let Some(out) = self.outcomes.as_mut() {
-                    out.push_back((index, outcome));
+            Reply::Batch(slot) => {
+                if let Some(sink) = slot.fill(outcome) {
+                    self.to_wake.push(sink);
                 }
             }
+        }
+    }
+
+    /// Wakes the streams this pass filed outcomes for.
+    fn wake_streams(&mut self) {
+        for sink in self.to_wake.drain(..) {
+            sink.wake();
         }
     }
 
@@ -879,93 +963,147 @@ impl Lane {
                 )));
                 true
             }
-            Chan::Open(_) => {
-                let first = self.writing.len();
-                while self.start_write() {
-                    progress = true;
-                }
-                // Hand them to lapin back to back, with no bookkeeping in between: lapin's
-                // I/O thread, woken by the first, then finds the others queued too and
-                // writes them in one go (docs/PROFILE.md, sixth pass). The first poll of
-                // each takes its delivery tag and queues its frames; this lane is the only
-                // publisher on the channel, so the tags follow the order of the frames. Every
-                // write made here is started here: one that fails at once (the channel died
-                // meanwhile) is reported `Failed` by `poll_write`, like the others after it.
-                for w in self.writing.iter_mut().skip(first) {
-                    if let Poll::Ready(result) = w.fut.as_mut().poll(cx) {
-                        w.done = Some(result);
-                    }
-                }
-                progress
-            }
+            Chan::Open(_) => self.start_writes(cx) || progress,
         }
     }
 
-    /// Makes the oldest waiting publish's write on the open channel and files its entry;
-    /// [`Lane::start_work`] then hands it to lapin. False when there is none, or when the
-    /// channel or its connection is closing (what is left waits for the next channel
-    /// instead of failing here).
-    fn start_write(&mut self) -> bool {
+    /// Hands every waiting publish to lapin on the open channel, in three steps, so that
+    /// lapin's I/O thread, woken by the first publish, finds the others queued too and
+    /// writes them in one go (docs/PROFILE.md, sixth pass):
+    ///
+    /// 1. each publish gets its sequence number and [`Key`] (a token when its id's hash is
+    ///    taken on the channel);
+    /// 2. the publishes are handed to lapin back to back, nothing else in between: the
+    ///    first poll of each takes its delivery tag and queues its frames, and this lane is
+    ///    the only publisher on its channel, so the tags follow the order of the frames. It
+    ///    stops at a channel or connection that is closing, and after a publish that fails
+    ///    at once (the next one would too);
+    /// 3. each publish handed over gets its entry; the others go back, in order, to wait
+    ///    for the next channel, their keys released.
+    ///
+    /// False when nothing was handed over.
+    fn start_writes(&mut self, cx: &mut Context<'_>) -> bool {
         let Chan::Open(open) = &self.chan else {
             return false;
         };
-        if !open.channel.status().connected() || !open.conn.is_usable() {
+        if self.backlog.is_empty() || !open.channel.status().connected() || !open.conn.is_usable() {
             return false;
         }
-        let Some(job) = self.backlog.pop_front() else {
-            return false;
-        };
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let id = self.id_hash(job.prepared.properties.message_id().as_ref());
-        let mut key = (open.epoch, id, 0);
-        if self.ids.contains(&key) {
-            // The id awaits a confirm on this channel already: a token unique on the
-            // channel tells the two apart should one be returned.
-            key.2 = seq + 1;
-        }
-        let channel = open.channel.clone();
-        let mut p = job.prepared;
-        // Only a mandatory publish can come back; any other sheds a stale token.
-        p.properties = with_token(p.properties, if p.mandatory { key.2 } else { 0 });
-        let opts = BasicPublishOptions {
-            mandatory: p.mandatory,
-            immediate: false,
-        };
-        let fut: BoxFuture<lapin::Result<PublisherConfirm>> = Box::pin(async move {
-            channel
-                .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties)
-                .await
-        });
-        self.entries.insert(
-            seq,
-            Entry {
-                epoch: open.epoch,
-                id: (key.1, key.2),
+        let (channel, conn, epoch) = (open.channel.clone(), open.conn.clone(), open.epoch);
+        let mut staged = std::mem::take(&mut self.staged);
+        // 1. Keys.
+        while let Some(job) = self.backlog.pop_front() {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let id = self.id_hash(job.prepared.properties.message_id().as_ref());
+            let mut key = (epoch, id, 0);
+            if self.ids.contains(&key) {
+                // The id awaits a confirm on this channel already: a token unique on the
+                // channel tells the two apart should one be returned.
+                key.2 = seq + 1;
+            }
+            self.ids.insert(key);
+            let mut p = job.prepared;
+            // Only a mandatory publish can come back; any other sheds a stale token.
+            p.properties = with_token(p.properties, if p.mandatory { key.2 } else { 0 });
+            staged.push(Staged {
+                seq,
+                key,
+                prepared: Some(p),
+                permit: job.permit,
+                reply: job.reply,
                 started: job.started,
                 deadline: job.deadline,
-                watch: BlockWatch::new(open.conn.clone()),
-                reply: Some((job.reply, job.permit)),
-                confirm: None,
-                waker: Waker::from(Arc::new(SeqWaker {
-                    seq,
-                    wakes: self.wakes.clone(),
-                })),
-            },
-        );
-        self.ids.insert(key);
-        self.shared
-            .counters
-            .unconfirmed
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.deadlines.insert((job.deadline, seq));
-        self.writing.push_back(Writing {
-            seq,
-            epoch: open.epoch,
-            fut,
-            done: None,
-        });
-        true
+                blocks_before: job.blocks_before,
+                write: None,
+                done: None,
+            });
+        }
+        // 2. Hand-over.
+        for st in staged.iter_mut() {
+            let Some(p) = st.prepared.take() else {
+                break;
+            };
+            if !channel.status().connected() || !conn.is_usable() {
+                st.prepared = Some(p);
+                break;
+            }
+            let channel = channel.clone();
+            let opts = BasicPublishOptions {
+                mandatory: p.mandatory,
+                immediate: false,
+            };
+            let mut write: BoxFuture<lapin::Result<PublisherConfirm>> = Box::pin(async move {
+                channel
+                    .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties)
+                    .await
+            });
+            let failed = match write.as_mut().poll(cx) {
+                Poll::Ready(result) => {
+                    let failed = result.is_err();
+                    st.done = Some(result);
+                    failed
+                }
+                Poll::Pending => false,
+            };
+            st.write = Some(write);
+            if failed {
+                break;
+            }
+        }
+        // 3. Entries; what was not handed over goes back.
+        let mut handed = false;
+        let mut back = Vec::new();
+        for st in staged.drain(..) {
+            let Some(write) = st.write else {
+                self.ids.remove(&st.key);
+                if let Some(prepared) = st.prepared {
+                    back.push(Job {
+                        prepared,
+                        permit: st.permit,
+                        reply: st.reply,
+                        started: st.started,
+                        deadline: st.deadline,
+                        blocks_before: st.blocks_before,
+                    });
+                }
+                continue;
+            };
+            handed = true;
+            let seq = st.seq;
+            self.entries.insert(
+                seq,
+                Entry {
+                    epoch,
+                    id: (st.key.1, st.key.2),
+                    started: st.started,
+                    deadline: st.deadline,
+                    watch: BlockWatch::new(conn.clone()),
+                    reply: Some((st.reply, st.permit)),
+                    confirm: None,
+                    waker: Waker::from(Arc::new(SeqWaker {
+                        seq,
+                        wakes: self.wakes.clone(),
+                    })),
+                },
+            );
+            self.shared
+                .counters
+                .unconfirmed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.deadlines.insert((st.deadline, seq));
+            self.writing.push_back(Writing {
+                seq,
+                epoch,
+                fut: write,
+                done: st.done,
+            });
+        }
+        for job in back.into_iter().rev() {
+            self.backlog.push_front(job);
+        }
+        self.staged = staged;
+        handed
     }
 
     /// The hash a message id is filed under (no id and an empty one hash alike, as they

@@ -1,20 +1,16 @@
-//! `publish_many` for batches: the stream drives a lane of its own.
+//! `publish_many`: a batch handed to the lanes a pass at a time, its outcomes collected in
+//! one place.
 //!
-//! A publish through [`Publisher::send`](super::Publisher::send) crosses two tasks: the
-//! caller hands it to a lane's task through a queue, the lane writes it and reads its
-//! confirm, and a oneshot wakes the caller with the outcome. For a batch, the stream polls
-//! a [`Lane`] itself: the same lane code (the same writes, attribution and deadlines), with
-//! publishes pushed into it and outcomes taken out of it in the stream's own poll, so a
-//! publish costs no queue, no oneshot, no wake-up of another task (docs/PROFILE.md, sixth
-//! pass).
-//!
-//! The lane has a confirm channel of its own on the publisher's connection. When the
-//! stream ends, the lane (and its open channel) goes back to the publisher's idle pool for
-//! the next batch; when the stream is dropped with publishes still in flight, the lane
-//! finishes them in a task of its own (outcomes counted, as with a dropped
-//! `PendingConfirm`) and then goes back to the pool (or closes its channel when the pool
-//! is full or the publisher gone).
+//! A publish through [`Publisher::send`](super::Publisher::send) is one message to a lane
+//! and one oneshot back, and each outcome wakes its caller. A batch instead takes every
+//! window slot it can in one poll, hands all those publishes to a lane in one message, and
+//! the lanes file the outcomes in the stream's [`BatchSink`], waking the stream once per
+//! lane pass however many outcomes the pass filed (docs/PROFILE.md, sixth pass). The
+//! lanes, their channels, attribution and deadlines are the ones `send` uses, and they
+//! make progress whether or not the stream is polled: a stream left unpolled holds no
+//! window slot longer than its publishes take.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,13 +21,16 @@ use futures_util::Stream;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
-use super::lane::{self, Job, Lane, Reply};
+use super::lane::{BatchSink, BatchSlot, Job, Reply};
 use super::{Inner, MAX_PROPERTIES, PublishOutcome};
 use crate::envelope::{Envelope, Prepared};
 use crate::error::{Error, Result};
 
 type Acquire =
     Pin<Box<dyn Future<Output = std::result::Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+/// The envelopes of a batch (boxed: the stream stays `Unpin` whatever the iterator).
+type Items = std::iter::Enumerate<Box<dyn Iterator<Item = Envelope> + Send>>;
 
 /// An envelope checked and waiting for a window slot.
 struct Waiting {
@@ -41,21 +40,18 @@ struct Waiting {
     span: tracing::Span,
 }
 
-/// The envelopes of a batch (boxed: the stream stays `Unpin` whatever the iterator).
-type Items = std::iter::Enumerate<Box<dyn Iterator<Item = Envelope> + Send>>;
-
-/// The stream [`Publisher::publish_many`](super::Publisher::publish_many) returns for a
-/// batch.
+/// The stream [`Publisher::publish_many`](super::Publisher::publish_many) returns.
 pub(super) struct Many {
     inner: Arc<Inner>,
     /// `None` once every envelope was taken.
     items: Option<Items>,
     waiting: Option<Waiting>,
     acquire: Option<Acquire>,
-    /// Made (or taken from the idle pool) on the first poll: a lane needs a runtime.
-    lane: Option<Lane>,
-    /// Set once the stream has yielded its last item.
-    done: bool,
+    sink: Arc<BatchSink>,
+    /// Outcomes taken from the sink, not yet yielded.
+    ready: VecDeque<(usize, PublishOutcome)>,
+    /// Publishes handed to the lanes whose outcome is not yielded yet.
+    outstanding: usize,
 }
 
 impl Many {
@@ -65,21 +61,32 @@ impl Many {
             items: Some(items.enumerate()),
             waiting: None,
             acquire: None,
-            lane: None,
-            done: false,
+            sink: Arc::default(),
+            ready: VecDeque::new(),
+            outstanding: 0,
         }
     }
-}
 
-impl Many {
-    /// Takes envelopes and window slots and pushes publishes into the lane until the
-    /// window is full or the envelopes run out. `Some` is an envelope refused before
-    /// anything was sent (bad envelope, publisher closed): the stream's next item.
+    /// Takes envelopes and window slots until the window is full or the envelopes run
+    /// out, and hands the publishes to a lane in one message. `Some` is an envelope refused
+    /// before anything was sent (bad envelope, publisher closed): the stream's next item.
     fn feed(&mut self, cx: &mut Context<'_>) -> Option<(usize, Result<PublishOutcome>)> {
+        let mut pass = Vec::new();
+        let refused = self.fill(cx, &mut pass);
+        if !pass.is_empty() {
+            self.outstanding += pass.len();
+            self.inner.dispatch_many(pass);
+        }
+        refused
+    }
+
+    fn fill(
+        &mut self,
+        cx: &mut Context<'_>,
+        pass: &mut Vec<Job>,
+    ) -> Option<(usize, Result<PublishOutcome>)> {
         let shared = &self.inner.shared;
         let closed = || Error::Closed { what: "publisher" };
-        // Nothing is taken before the lane exists.
-        self.lane.as_ref()?;
         loop {
             if self.waiting.is_none() {
                 let next = self.items.as_mut().and_then(Iterator::next);
@@ -124,28 +131,33 @@ impl Many {
                     Err(TryAcquireError::Closed) => None,
                 },
             };
-            let (Some(waiting), Some(lane)) = (self.waiting.take(), self.lane.as_mut()) else {
-                return None;
-            };
+            let waiting = self.waiting.take()?;
             // The semaphore is never closed; closed while this waited for a slot.
             let Some(permit) = permit.filter(|_| !shared.closed.load(Ordering::Acquire)) else {
                 return Some((waiting.index, Err(closed())));
             };
             shared.counters.sent.fetch_add(1, Ordering::Relaxed);
             let started = Instant::now();
-            lane.push(Job {
+            pass.push(Job {
                 prepared: waiting.prepared,
                 permit,
-                reply: Reply::Inline {
-                    index: waiting.index,
+                reply: Reply::Batch(BatchSlot::new(
+                    waiting.index,
+                    self.sink.clone(),
                     #[cfg(feature = "otel")]
-                    span: waiting.span,
-                },
+                    waiting.span,
+                )),
                 started,
                 deadline: started + shared.cfg.confirm_timeout,
                 blocks_before: None,
             });
         }
+    }
+
+    fn next_ready(&mut self) -> Option<(usize, Result<PublishOutcome>)> {
+        let (index, outcome) = self.ready.pop_front()?;
+        self.outstanding = self.outstanding.saturating_sub(1);
+        Some((index, Ok(outcome)))
     }
 }
 
@@ -154,43 +166,19 @@ impl Stream for Many {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
+        if let Some(item) = this.next_ready() {
+            return Poll::Ready(Some(item));
         }
-        if this.lane.is_none() {
-            if tokio::runtime::Handle::try_current().is_err() {
-                // As `send` reports it: every envelope fails, counted.
-                let Some((index, _)) = this.items.as_mut().and_then(Iterator::next) else {
-                    this.done = true;
-                    return Poll::Ready(None);
-                };
-                let outcome =
-                    PublishOutcome::Failed(Error::Config("publish outside a tokio runtime".into()));
-                this.inner.shared.count(&outcome);
-                return Poll::Ready(Some((index, Ok(outcome))));
-            }
-            this.lane = Some(this.inner.take_idle_lane());
-        }
-        if let Some((index, outcome)) = this.lane.as_mut().and_then(Lane::next_outcome) {
-            return Poll::Ready(Some((index, Ok(outcome))));
+        // Registers this task with the sink before looking: an outcome filed after the
+        // look wakes it.
+        this.sink.take(cx, &mut this.ready);
+        if let Some(item) = this.next_ready() {
+            return Poll::Ready(Some(item));
         }
         if let Some(refused) = this.feed(cx) {
             return Poll::Ready(Some(refused));
         }
-        let more = this.items.is_some() || this.waiting.is_some();
-        let Some(lane) = this.lane.as_mut() else {
-            return Poll::Ready(None);
-        };
-        lane.set_open(more);
-        let finished = lane.poll(cx).is_ready();
-        if let Some((index, outcome)) = lane.next_outcome() {
-            return Poll::Ready(Some((index, Ok(outcome))));
-        }
-        if finished {
-            this.done = true;
-            if let Some(lane) = this.lane.take() {
-                this.inner.release_lane(lane);
-            }
+        if this.items.is_none() && this.waiting.is_none() && this.outstanding == 0 {
             return Poll::Ready(None);
         }
         Poll::Pending
@@ -198,25 +186,9 @@ impl Stream for Many {
 }
 
 impl Drop for Many {
+    /// What was handed over is still published, confirmed and counted by the lanes; its
+    /// outcomes are no longer kept.
     fn drop(&mut self) {
-        let Some(lane) = self.lane.take() else {
-            return;
-        };
-        if lane.is_idle() {
-            self.inner.release_lane(lane);
-        } else if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            // Publishes in flight are made and their confirms awaited and counted, as for
-            // a dropped `PendingConfirm`; then the lane goes back to the pool, unless the
-            // publisher is gone (this task does not keep it alive).
-            let inner = Arc::downgrade(&self.inner);
-            let mut lane = lane;
-            handle.spawn(async move {
-                lane::drain(&mut lane).await;
-                match inner.upgrade() {
-                    Some(inner) => inner.release_lane(lane),
-                    None => lane::finish(lane).await,
-                }
-            });
-        }
+        self.sink.close();
     }
 }
