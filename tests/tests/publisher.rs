@@ -441,10 +441,9 @@ async fn a_batch_goes_out_in_order_on_the_publisher_channel() {
     .await;
     let s = p.stats();
     let handed = s.sent - 600;
-    assert!(
-        (10..=10 + 64).contains(&handed),
-        "handed over within the window: {handed}"
-    );
+    // At least what was yielded; outcomes taken but not yet yielded free slots the same
+    // poll refills, so the bound above is the batch, not the window.
+    assert!((10..1000).contains(&handed), "handed over: {handed}");
     assert_eq!(
         s.confirmed + s.returned,
         s.sent,
@@ -455,8 +454,9 @@ async fn a_batch_goes_out_in_order_on_the_publisher_channel() {
 }
 
 /// A batch whose stream is not polled does not hold the window: its publishes are made and
-/// their slots freed by the channel's task, so other publishes, and another batch, go on
-/// (here the batch alone is larger than the window).
+/// their slots freed by the channel's task, and it does not queue for a slot while it has
+/// publishes in flight (a queued wait is handed a freed slot even unpolled), so other
+/// publishes, and another batch, go on. A window of one makes any slot held show.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_left_unpolled_does_not_hold_the_window() {
     use futures_util::StreamExt;
@@ -465,7 +465,7 @@ async fn a_batch_left_unpolled_does_not_hold_the_window() {
     let p = publisher(
         vh.url(),
         PublisherConfig {
-            max_in_flight: 8,
+            max_in_flight: 1,
             ..Default::default()
         },
     );
@@ -473,7 +473,13 @@ async fn a_batch_left_unpolled_does_not_hold_the_window() {
     let mut idle = Box::pin(p.publish_many(envs(100)));
     let (_, first) = idle.next().await.unwrap();
     assert!(first.unwrap().is_confirmed());
-    // `idle` is not polled from here on.
+    // `idle` is not polled from here on: it must hold no slot.
+    wait_until(
+        Duration::from_secs(10),
+        "the unpolled batch holds no window slot",
+        || async { p.in_flight() == 0 },
+    )
+    .await;
     let one = tokio::time::timeout(
         Duration::from_secs(10),
         p.publish(Envelope::new("", "ok", "one")),

@@ -107,7 +107,8 @@ impl BatchSink {
     }
 
     fn wake(&self) {
-        self.owed.store(false, Ordering::Release);
+        // AcqRel: the outcomes of lanes that found the wake-up owed are seen by the stream.
+        self.owed.swap(false, Ordering::AcqRel);
         self.stream.wake();
     }
 }
@@ -339,7 +340,7 @@ enum Chan {
     Open(Open),
 }
 
-/// A publish of the pass [`Lane::start_work`] is handing to lapin: its key is taken, its
+/// A publish of the pass [`Lane::start_writes`] is handing to lapin: its key is taken, its
 /// write made and started, then its entry filed.
 struct Staged {
     seq: u64,
@@ -371,7 +372,7 @@ struct Lane {
     rx_open: bool,
     /// Streams owed a wake-up by this pass (see [`BatchSink`]).
     to_wake: Vec<Arc<BatchSink>>,
-    /// Publishes of the pass being handed to lapin (see [`Lane::start_work`]); reused.
+    /// Publishes of the pass being handed to lapin (see [`Lane::start_writes`]); reused.
     staged: Vec<Staged>,
     /// Received, not yet written.
     backlog: VecDeque<Job>,
@@ -886,8 +887,11 @@ impl Lane {
                 .into_iter()
                 .partition(|w| w.epoch == epoch);
         self.writing = others;
+        // The last write that queued frames (one that failed at once queued none): once it
+        // is written, all before it are.
         mine.into_iter()
-            .last()
+            .rev()
+            .find(|w| !matches!(w.done, Some(Err(_))))
             .filter(|w| w.done.is_none())
             .map(|w| w.fut)
     }
@@ -981,7 +985,7 @@ impl Lane {
     /// 3. each publish handed over gets its entry; the others go back, in order, to wait
     ///    for the next channel, their keys released.
     ///
-    /// False when nothing was handed over.
+    /// False when nothing was handed over or put back.
     fn start_writes(&mut self, cx: &mut Context<'_>) -> bool {
         let Chan::Open(open) = &self.chan else {
             return false;
@@ -1099,11 +1103,13 @@ impl Lane {
                 done: st.done,
             });
         }
+        // Put back: progress too, so the next turn sees the closing channel and moves on.
+        let put_back = !back.is_empty();
         for job in back.into_iter().rev() {
             self.backlog.push_front(job);
         }
         self.staged = staged;
-        handed
+        handed || put_back
     }
 
     /// The hash a message id is filed under (no id and an empty one hash alike, as they

@@ -8,7 +8,8 @@
 //! lane pass however many outcomes the pass filed (docs/PROFILE.md, sixth pass). The
 //! lanes, their channels, attribution and deadlines are the ones `send` uses, and they
 //! make progress whether or not the stream is polled: a stream left unpolled holds no
-//! window slot longer than its publishes take.
+//! window slot longer than its publishes take (it never queues for a slot while it has
+//! publishes in flight, see [`Many::fill`]).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -124,10 +125,17 @@ impl Many {
                 },
                 None => match self.inner.permits.clone().try_acquire_owned() {
                     Ok(permit) => Some(permit),
-                    Err(TryAcquireError::NoPermits) => {
+                    // With publishes of its own in flight the stream waits for them: each
+                    // outcome frees a slot before it wakes the stream. It queues for a slot
+                    // only with none in flight: a queued wait is handed a freed slot even
+                    // while nobody polls the stream, and a stream that yields an outcome
+                    // and is then left unpolled must not sit on a slot (every other
+                    // publish, the worker's retry copies too, would wait on it).
+                    Err(TryAcquireError::NoPermits) if pass.is_empty() && self.outstanding == 0 => {
                         self.acquire = Some(Box::pin(self.inner.permits.clone().acquire_owned()));
                         continue;
                     }
+                    Err(TryAcquireError::NoPermits) => return None,
                     Err(TryAcquireError::Closed) => None,
                 },
             };
@@ -156,6 +164,10 @@ impl Many {
 
     fn next_ready(&mut self) -> Option<(usize, Result<PublishOutcome>)> {
         let (index, outcome) = self.ready.pop_front()?;
+        debug_assert!(
+            self.outstanding > 0,
+            "an outcome for a publish not handed over"
+        );
         self.outstanding = self.outstanding.saturating_sub(1);
         Some((index, Ok(outcome)))
     }
