@@ -64,17 +64,22 @@ pub(super) enum Reply {
 }
 
 impl Reply {
-    /// Hands `outcome` over now (outside a lane: no wake-up to fold).
-    pub(super) fn deliver(self, outcome: PublishOutcome) {
+    /// Hands `outcome` over; the stream's sink when it now owes its stream a wake-up (a
+    /// lane folds those into one per pass).
+    fn send(self, outcome: PublishOutcome) -> Option<Arc<BatchSink>> {
         match self {
             Reply::Task(tx) => {
                 let _ = tx.send(outcome);
+                None
             }
-            Reply::Batch(slot) => {
-                if let Some(sink) = slot.fill(outcome) {
-                    sink.wake();
-                }
-            }
+            Reply::Batch(mut slot) => slot.fill(outcome),
+        }
+    }
+
+    /// Hands `outcome` over now (outside a lane: no wake-up to fold).
+    pub(super) fn deliver(self, outcome: PublishOutcome) {
+        if let Some(sink) = self.send(outcome) {
+            sink.wake();
         }
     }
 }
@@ -138,8 +143,9 @@ impl BatchSlot {
         }
     }
 
-    /// Files `outcome`; the sink when it now owes its stream a wake-up.
-    fn fill(mut self, outcome: PublishOutcome) -> Option<Arc<BatchSink>> {
+    /// Files `outcome` (once: the slot is empty afterwards); the sink when it now owes its
+    /// stream a wake-up.
+    fn fill(&mut self, outcome: PublishOutcome) -> Option<Arc<BatchSink>> {
         #[cfg(feature = "otel")]
         crate::observe::otel::sent(&self.span, &outcome);
         let sink = self.sink.take()?;
@@ -157,18 +163,10 @@ impl BatchSlot {
 impl Drop for BatchSlot {
     fn drop(&mut self) {
         if self.sink.is_some() {
-            let index = self.index;
-            let sink = self.sink.take();
-            let slot = BatchSlot {
-                index,
-                sink,
-                #[cfg(feature = "otel")]
-                span: self.span.clone(),
-            };
             let failed = PublishOutcome::Failed(Error::Amqp(
                 "publisher task ended (runtime shut down)".into(),
             ));
-            if let Some(sink) = slot.fill(failed) {
+            if let Some(sink) = self.fill(failed) {
                 sink.wake();
             }
         }
@@ -702,15 +700,8 @@ impl Lane {
     /// Hands `outcome` to whoever waits for it. A stream is woken once per pass, by
     /// [`Lane::wake_streams`], however many of its outcomes the pass filed.
     fn send_reply(&mut self, reply: Reply, outcome: PublishOutcome) {
-        match reply {
-            Reply::Task(tx) => {
-                let _ = tx.send(outcome);
-            }
-            Reply::Batch(slot) => {
-                if let Some(sink) = slot.fill(outcome) {
-                    self.to_wake.push(sink);
-                }
-            }
+        if let Some(sink) = reply.send(outcome) {
+            self.to_wake.push(sink);
         }
     }
 
