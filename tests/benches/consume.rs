@@ -26,9 +26,11 @@
 //! `BENCH_ALTERNATIVES=1` (the default) also runs the other raw structures tried, so the
 //! report shows why the baselines above are the best: acks by the delivery's `Acker`, acks
 //! awaited one by one in the loop, and a task spawned per delivery (success and failure
-//! path); and the failure path's loop with its copies on a second connection, rabbitkit's
-//! layout (settlement copies never share the consumer's connection). Any raw variant that is
-//! faster becomes "best raw" in the ratios.
+//! path); the failure path's loop with its copies on a second connection, rabbitkit's
+//! layout (settlement copies never share the consumer's connection); and the same loop with
+//! each copy shaped like rabbitkit's retry copy (its evidence headers and expiration), which
+//! shows what that shape costs the broker. Any raw variant that is faster becomes "best raw"
+//! in the ratios.
 //!
 //! Settings (environment): `RABBITKIT_BENCH_URL`, `RABBITKIT_BENCH_BROKER_PID`,
 //! `BENCH_ROUNDS` (5), `BENCH_OK_MESSAGES` (20000), `BENCH_FAIL_MESSAGES` (10000),
@@ -68,6 +70,10 @@ enum Shape {
     /// of the delivery's `Acker` (which goes through lapin's internal RPC task and spawns
     /// a task per ack).
     ChannelAck,
+    /// As `ChannelAck`, each copy shaped like rabbitkit's retry copy (failure path only):
+    /// its evidence headers, same names and values, and its tier's delay as `expiration`.
+    /// The same client loop with a larger copy: what that shape costs the broker.
+    ShapedCopy,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -103,6 +109,9 @@ impl Variant {
             Shape::ChannelAck => {
                 format!("1 task, FuturesUnordered of {what}, acks by Channel::basic_ack")
             }
+            Shape::ShapedCopy => format!(
+                "1 task, FuturesUnordered of {what}, acks by Channel::basic_ack, copy with rabbitkit's evidence headers and expiration"
+            ),
         };
         match self {
             Variant::RawOk(f, s, w) => format!(
@@ -270,9 +279,13 @@ impl Ctx {
         let copy_to = pch.as_ref().zip(target);
         let mut start = None;
         let end = match shape {
-            Shape::Unordered | Shape::SecondConnection | Shape::ChannelAck => {
-                let ack_on =
-                    matches!(shape, Shape::ChannelAck | Shape::SecondConnection).then_some(&ch);
+            Shape::Unordered | Shape::SecondConnection | Shape::ChannelAck | Shape::ShapedCopy => {
+                let ack_on = matches!(
+                    shape,
+                    Shape::ChannelAck | Shape::SecondConnection | Shape::ShapedCopy
+                )
+                .then_some(&ch);
+                let shaped = (shape == Shape::ShapedCopy).then(|| Shaped::new(queue));
                 let mut pending = FuturesUnordered::new();
                 let (mut received, mut settled) = (0, 0);
                 while settled < n {
@@ -285,7 +298,7 @@ impl Ctx {
                                 start = Some(self.meter.mark());
                             }
                             received += 1;
-                            pending.push(settle(d, copy_to, ack_on));
+                            pending.push(settle(d, copy_to, ack_on, shaped.as_ref()));
                         }
                     }
                 }
@@ -301,7 +314,7 @@ impl Ctx {
                     if start.is_none() {
                         start = Some(self.meter.mark());
                     }
-                    settle(d, copy_to, None).await;
+                    settle(d, copy_to, None, None).await;
                 }
                 self.meter.mark()
             }
@@ -319,7 +332,7 @@ impl Ctx {
                     let tx = tx.clone();
                     let owned = copy_to.map(|(c, q)| (c.clone(), q.to_owned()));
                     tokio::spawn(async move {
-                        settle(d, owned.as_ref().map(|(c, q)| (c, q.as_str())), None).await;
+                        settle(d, owned.as_ref().map(|(c, q)| (c, q.as_str())), None, None).await;
                         let _ = tx.send(());
                     });
                 }
@@ -345,16 +358,64 @@ impl Ctx {
     }
 }
 
+/// What rabbitkit adds to a retry copy ([`Shape::ShapedCopy`]): the evidence headers
+/// `decide.rs` writes for the bench's failing handler, one retry tier of 1 h.
+struct Shaped {
+    evidence: Vec<(&'static str, AMQPValue)>,
+}
+
+impl Shaped {
+    fn new(queue: &str) -> Shaped {
+        use rabbitkit_core::headers as h;
+        let text = |s: &str| AMQPValue::LongString(s.into());
+        let now = AMQPValue::LongLongInt(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+        );
+        Shaped {
+            evidence: vec![
+                (h::FIRST_FAILURE_AT, now.clone()),
+                (h::LAST_FAILURE_AT, now),
+                (h::ORIGINAL_EXCHANGE, text("")),
+                (h::ORIGINAL_ROUTING_KEY, text(queue)),
+                (h::SOURCE_QUEUE, text(queue)),
+                (h::HANDLER, text(queue)),
+                (h::ERROR_KIND, text("handler")),
+                (h::ERROR_MESSAGE, text("bench failure")),
+                (h::RETRY_TIER, text("1h")),
+            ],
+        }
+    }
+}
+
 /// Settles one delivery: publishes its copy to `copy` (channel, queue) and awaits the
 /// confirm, if given; then acks it (with `ack_on`'s `basic_ack` if given, else its acker).
+/// With `shaped`, the copy carries rabbitkit's evidence headers and expiration.
 async fn settle(
     d: lapin::message::Delivery,
     copy: Option<(&Channel, &str)>,
     ack_on: Option<&Channel>,
+    shaped: Option<&Shaped>,
 ) {
     if let Some((pch, target)) = copy {
         let mut headers = d.properties.headers().clone().unwrap_or_default();
-        headers.insert("x-bench-attempt".into(), AMQPValue::LongLongInt(2));
+        let mut properties = d.properties.clone();
+        match shaped {
+            None => {
+                headers.insert("x-bench-attempt".into(), AMQPValue::LongLongInt(2));
+            }
+            Some(shaped) => {
+                headers.insert(
+                    rabbitkit_core::headers::ATTEMPT.into(),
+                    AMQPValue::LongLongInt(2),
+                );
+                for (k, v) in &shaped.evidence {
+                    headers.insert((*k).into(), v.clone());
+                }
+                properties = properties.with_expiration("3600000".into());
+            }
+        }
         let confirm = pch
             .basic_publish(
                 "".into(),
@@ -364,7 +425,7 @@ async fn settle(
                     immediate: false,
                 },
                 &d.data,
-                d.properties.clone().with_headers(headers),
+                properties.with_headers(headers),
             )
             .await
             .expect("publish copy");
@@ -472,6 +533,7 @@ fn main() {
                 fail.push(Variant::RawFail(f, Shape::Unordered, t));
             }
             fail.push(Variant::RawFail(Flavor::Multi, Shape::SecondConnection, t));
+            fail.push(Variant::RawFail(Flavor::Current, Shape::ShapedCopy, t));
         }
     }
     let with_series = |vs: &[Variant]| -> Vec<(Variant, Series)> {
