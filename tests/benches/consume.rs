@@ -359,9 +359,12 @@ impl Ctx {
 }
 
 /// What rabbitkit adds to a retry copy ([`Shape::ShapedCopy`]): the evidence headers
-/// `decide.rs` writes for the bench's failing handler, one retry tier of 1 h.
+/// `decide.rs` writes for the bench's failing handler (a plain error, so the default error
+/// kind; the subscriber named after its queue) and its one retry tier's delay. Routing is
+/// not reproduced: the copy still goes through the default exchange to a plain queue.
 struct Shaped {
     evidence: Vec<(&'static str, AMQPValue)>,
+    expiration: String,
 }
 
 impl Shaped {
@@ -381,10 +384,14 @@ impl Shaped {
                 (h::ORIGINAL_ROUTING_KEY, text(queue)),
                 (h::SOURCE_QUEUE, text(queue)),
                 (h::HANDLER, text(queue)),
-                (h::ERROR_KIND, text("handler")),
+                (h::ERROR_KIND, text(rabbitkit_core::kind::DEFAULT_KIND)),
                 (h::ERROR_MESSAGE, text("bench failure")),
-                (h::RETRY_TIER, text("1h")),
+                (
+                    h::RETRY_TIER,
+                    text(&rabbitkit_core::retry::tier_label(kit::TIER)),
+                ),
             ],
+            expiration: kit::TIER.as_millis().to_string(),
         }
     }
 }
@@ -413,7 +420,7 @@ async fn settle(
                 for (k, v) in &shaped.evidence {
                     headers.insert((*k).into(), v.clone());
                 }
-                properties = properties.with_expiration("3600000".into());
+                properties = properties.with_expiration(shaped.expiration.as_str().into());
             }
         }
         let confirm = pch
