@@ -396,6 +396,23 @@ impl Shaped {
     }
 }
 
+/// The variants `keep` selects, each with its measured series, and the fastest raw loop
+/// among them (the baseline of their ratios).
+fn select<'a>(
+    runs: &[(Variant, Series)],
+    results: &'a [Series],
+    keep: impl Fn(Variant) -> bool,
+) -> (Vec<(Variant, &'a Series)>, &'a Series) {
+    let picked: Vec<(Variant, &Series)> = runs
+        .iter()
+        .zip(results)
+        .filter(|((v, _), _)| keep(*v))
+        .map(|((v, _), s)| (*v, s))
+        .collect();
+    let best = Report::best_raw(picked.iter().map(|(_, s)| *s)).expect("a raw variant");
+    (picked, best)
+}
+
 /// Settles one delivery: publishes its copy to `copy` (channel, queue) and awaits the
 /// confirm, if given; then acks it (with `ack_on`'s `basic_ack` if given, else its acker).
 /// With `shaped`, the copy carries rabbitkit's evidence headers and expiration.
@@ -577,41 +594,34 @@ fn main() {
     // Per work-queue type: rabbitkit acking each message against the best raw per-message
     // ack loop (target 1.0x), and with coalesced acks against the same loop (target 1.3x).
     for w in [QueueType::Classic, QueueType::Quorum] {
-        let of_w: Vec<(Variant, Series)> = ok
-            .iter()
-            .zip(&ok_series)
-            .filter(|((v, _), _)| v.work() == w)
-            .map(|((v, _), s)| (*v, s.clone()))
-            .collect();
-        let raws: Vec<Series> = of_w.iter().map(|(_, s)| s.clone()).collect();
-        let best = Report::best_raw(&raws).expect("a raw variant").clone();
+        let (of_w, best) = select(&ok, &ok_series, |v| v.work() == w);
         for f in kit_flavors {
             let kit_of = |c: bool| {
                 of_w.iter()
                     .find(|(v, _)| *v == Variant::KitOk(f, w, c))
-                    .map(|(_, s)| s.clone())
+                    .map(|(_, s)| *s)
                     .expect("rabbitkit variant")
             };
             let (each, coalesced) = (kit_of(false), kit_of(true));
             let q = format!("{} queue, rabbitkit {}", qt(w), f.label());
             report.compare(
                 &format!("success path ({q})"),
-                &each,
-                &best,
+                each,
+                best,
                 Some(1.0),
                 Some(1.5),
             );
             report.compare(
                 &format!("success path, acks coalesced ({q})"),
-                &coalesced,
-                &best,
+                coalesced,
+                best,
                 Some(1.3),
                 Some(1.5),
             );
             report.compare(
                 &format!("ack coalescing gain ({q})"),
-                &coalesced,
-                &each,
+                coalesced,
+                each,
                 None,
                 None,
             );
@@ -628,17 +638,10 @@ fn main() {
     // rabbitkit's shape (no target: it separates what the copy's shape costs the broker
     // from what the client costs).
     for t in [QueueType::Classic, QueueType::Quorum] {
-        let of_t: Vec<(Variant, &Series)> = fail
-            .iter()
-            .zip(&fail_series)
-            .filter(|((v, _), _)| match v {
-                Variant::RawFail(_, _, q) | Variant::KitFail(_, q) => *q == t,
-                _ => false,
-            })
-            .map(|((v, _), s)| (*v, s))
-            .collect();
-        let series: Vec<Series> = of_t.iter().map(|(_, s)| (*s).clone()).collect();
-        let best = Report::best_raw(&series).expect("a raw variant").clone();
+        let (of_t, best) = select(&fail, &fail_series, |v| match v {
+            Variant::RawFail(_, _, q) | Variant::KitFail(_, q) => q == t,
+            _ => false,
+        });
         // When the shaped loop is itself the best raw loop, the targeted line already
         // compares with it.
         let shaped = of_t
@@ -651,7 +654,7 @@ fn main() {
             report.compare(
                 &format!("failure path ({q})"),
                 kit,
-                &best,
+                best,
                 Some(0.9),
                 Some(1.5),
             );

@@ -70,9 +70,9 @@ impl Report {
     }
 
     /// The best raw baseline among `series` (highest median rate), if any.
-    pub(crate) fn best_raw(series: &[Series]) -> Option<&Series> {
+    pub(crate) fn best_raw<'a>(series: impl IntoIterator<Item = &'a Series>) -> Option<&'a Series> {
         series
-            .iter()
+            .into_iter()
             .filter(|s| s.raw)
             .max_by(|a, b| a.median_rate().total_cmp(&b.median_rate()))
     }
