@@ -184,14 +184,41 @@ impl Envelope {
         if self.properties.message_id().is_none() {
             self.properties = self.properties.with_message_id(new_message_id());
         }
-        check_size(properties_size(&self.properties), max_properties)?;
+        let properties_size = properties_size(&self.properties);
+        check_size(properties_size, max_properties)?;
         Ok(Prepared {
             exchange,
             routing_key,
             body: self.body,
             properties: self.properties,
             mandatory: self.mandatory,
+            properties_size,
         })
+    }
+
+    /// How many bytes setting `headers` (each replacing a header of the same name, as
+    /// [`Envelope::header`] does) adds to the estimate of the properties' encoded size:
+    /// room the publisher keeps for the headers it writes itself at send time.
+    #[cfg(feature = "otel")]
+    pub(crate) fn growth(&self, headers: &[(&str, AMQPValue)]) -> usize {
+        // No table yet: setting a header creates one (its 4-byte length).
+        let table = if !headers.is_empty()
+            && self.headers.is_empty()
+            && self.properties.headers().is_none()
+        {
+            4
+        } else {
+            0
+        };
+        table
+            + headers
+                .iter()
+                .map(|(name, value)| {
+                    let entry = |v: &AMQPValue| 1 + name.len() + value_size(v);
+                    let old = self.header_value(name).map_or(0, entry);
+                    entry(value).saturating_sub(old)
+                })
+                .sum::<usize>()
     }
 }
 
@@ -203,6 +230,8 @@ pub(crate) struct Prepared {
     pub(crate) body: Bytes,
     pub(crate) properties: BasicProperties,
     pub(crate) mandatory: bool,
+    /// [`properties_size`] of `properties`, as checked against the frame budget.
+    pub(crate) properties_size: usize,
 }
 
 /// The length of a generated message id (a hyphenated UUID).
@@ -318,7 +347,10 @@ pub(crate) fn without_expiration(p: &BasicProperties) -> BasicProperties {
     out
 }
 
-/// An upper estimate of the encoded size of the properties, in bytes.
+/// An upper estimate of the encoded size of the properties, in bytes: the property list of
+/// a content-header frame, its 2-byte flags included (the fixed 32 cover the flags, the
+/// delivery mode, the priority and the timestamp; every short string counts its length
+/// byte; every scalar header value is counted at 9 bytes, the largest).
 pub(crate) fn properties_size(p: &BasicProperties) -> usize {
     let shorts = [
         p.content_type().as_ref().map(|s| s.as_str().len()),

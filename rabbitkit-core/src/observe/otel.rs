@@ -125,6 +125,27 @@ pub(crate) fn inject(span: &tracing::Span, envelope: Envelope) -> Envelope {
     }
 }
 
+/// The length of a version-00 `traceparent`: `00-{32 hex}-{16 hex}-{2 hex}`.
+const TRACEPARENT_LEN: usize = 55;
+
+/// The bytes [`inject`] may add to `envelope`'s properties when it is sent: a
+/// `traceparent`, and the current trace's `tracestate` when it has one (the send span is a
+/// child of the current span and carries its trace state). Kept out of the frame budget by
+/// [`Publisher::check`](crate::Publisher::check), so a copy that passes the check still fits
+/// once the trace headers are written. Without an OpenTelemetry layer nothing is injected,
+/// and the `traceparent`'s room is kept all the same (at most 72 bytes too cautious).
+pub(crate) fn room(envelope: &Envelope) -> usize {
+    let current = tracing::Span::current().context();
+    let state = current.span().span_context().trace_state().header();
+    let traceparent = lapin::types::AMQPValue::LongString("0".repeat(TRACEPARENT_LEN).into());
+    if state.is_empty() {
+        envelope.growth(&[(TRACEPARENT, traceparent)])
+    } else {
+        let tracestate = lapin::types::AMQPValue::LongString(state.into());
+        envelope.growth(&[(TRACEPARENT, traceparent), (TRACESTATE, tracestate)])
+    }
+}
+
 /// Records a publish's verdict on its send span.
 pub(crate) fn sent(span: &tracing::Span, outcome: &crate::PublishOutcome) {
     span.record("rabbitkit.publish.outcome", outcome.label());

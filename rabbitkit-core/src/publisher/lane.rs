@@ -53,6 +53,13 @@ use crate::headers::PUBLISH_TOKEN;
 /// Loop turns a lane takes before it yields to the runtime.
 const BUDGET: usize = 128;
 
+/// The most a [`PUBLISH_TOKEN`] adds to a publish's properties: its table entry (name
+/// length byte, name, type tag, 8-byte integer, counted at 9 as every scalar is by the
+/// estimate) and a table's 4-byte length when the publish had no headers. The publisher
+/// keeps this room in every envelope's budget: whether a publish gets a token is only
+/// known when it is written.
+pub(super) const TOKEN_ROOM: usize = 1 + PUBLISH_TOKEN.len() + 1 + 9 + 4;
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Where a publish's outcome goes.
@@ -986,8 +993,23 @@ impl Lane {
         }
         let (channel, conn, epoch) = (open.channel.clone(), open.conn.clone(), open.epoch);
         let mut staged = std::mem::take(&mut self.staged);
+        // What one content-header frame of this connection holds. An envelope was measured
+        // against the frame the publisher knew when it was prepared; one prepared before
+        // the first connection, or for a node of another `frame_max`, may not fit this
+        // one. Written anyway, the broker would close the connection (`FRAME_ERROR`) and
+        // fail every publish in flight on it: it is refused here instead, unsent.
+        let frame_max = conn.conn.configuration().frame_max();
+        let room = usize::try_from(frame_max)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(super::HEADER_FRAME_OVERHEAD);
+        let mut refused = Vec::new();
         // 1. Keys.
         while let Some(job) = self.backlog.pop_front() {
+            if job.prepared.properties_size + TOKEN_ROOM > room {
+                let size = job.prepared.properties_size + TOKEN_ROOM;
+                refused.push((job, size));
+                continue;
+            }
             let seq = self.next_seq;
             self.next_seq += 1;
             let id = self.id_hash(job.prepared.properties.message_id().as_ref());
@@ -1094,8 +1116,20 @@ impl Lane {
                 done: st.done,
             });
         }
+        let refused_any = !refused.is_empty();
+        for (job, size) in refused {
+            let error = Error::InvalidHeader {
+                name: "(all headers)".into(),
+                reason: format!(
+                    "properties take about {size} bytes, over the {room}-byte content-header \
+                     frame of this connection (frame_max {frame_max}); not sent"
+                ),
+            };
+            tracing::warn!(error = %error, "publish refused: its properties do not fit this connection's frame");
+            self.reply_unwritten(job, PublishOutcome::Failed(error));
+        }
         // Put back: progress too, so the next turn sees the closing channel and moves on.
-        let put_back = !back.is_empty();
+        let put_back = !back.is_empty() || refused_any;
         for job in back.into_iter().rev() {
             self.backlog.push_front(job);
         }
@@ -1144,6 +1178,7 @@ async fn open_channel(
         .get(deadline.saturating_duration_since(Instant::now()))
         .await?;
     *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
+    shared.learn(&conn);
     let channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
     channel
         .confirm_select(ConfirmSelectOptions::default())

@@ -23,7 +23,7 @@ use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
 use super::lane::{BatchSink, BatchSlot, Job, Reply};
-use super::{Inner, MAX_PROPERTIES, PublishOutcome};
+use super::{Inner, PublishOutcome};
 use crate::envelope::{Envelope, Prepared};
 use crate::error::{Error, Result};
 
@@ -103,7 +103,7 @@ impl Many {
                     let span = crate::observe::otel::send_span(&envelope);
                     (crate::observe::otel::inject(&span, envelope), span)
                 };
-                match envelope.prepare(shared.cfg.max_body, MAX_PROPERTIES) {
+                match envelope.prepare(shared.cfg.max_body, shared.properties_budget()) {
                     Ok(prepared) => {
                         self.waiting = Some(Waiting {
                             index,

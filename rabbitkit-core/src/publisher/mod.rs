@@ -25,7 +25,7 @@ pub use outcome::PublishOutcome;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -84,8 +84,31 @@ impl Default for PublisherConfig {
     }
 }
 
-/// Properties must fit one content-header frame (frame_max is 128 KiB by default).
-const MAX_PROPERTIES: usize = 120 * 1024;
+/// The frame size assumed before the publisher's first connection when no URL asks for a
+/// smaller one (`?frame_max=`): RabbitMQ's default `frame_max`, 128 KiB. Once connected, the
+/// value negotiated with the broker is used instead (a broker configured lower is learned
+/// on the first connection, and every publish is checked again against the frame of the
+/// connection it is written on, see `lane.rs`). The AMQP minimum, 4 KiB, would refuse
+/// every message with more than about 4 KiB of headers until the first connection; a
+/// worker connects its publisher before it consumes, so settlement copies are always
+/// checked against the negotiated value.
+const DEFAULT_FRAME_MAX: u32 = 128 * 1024;
+
+/// The bytes of a content-header frame around its property list: the frame header
+/// (type 1, channel 2, size 4) and end octet (1), then class id (2), weight (2) and body
+/// size (8). The properties (flags included) must fit `frame_max` minus these: the
+/// content header is one frame, it cannot be split like a body (the broker closes the
+/// connection with `FRAME_ERROR` on a larger frame, failing every publish in flight on it).
+const HEADER_FRAME_OVERHEAD: usize = 8 + 12;
+
+/// The property budget of a connection whose negotiated `frame_max` is `frame_max`, with
+/// room kept for the [`PUBLISH_TOKEN`](crate::headers::PUBLISH_TOKEN) a lane may add at
+/// write time.
+fn properties_budget(frame_max: u32) -> usize {
+    usize::try_from(frame_max)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(HEADER_FRAME_OVERHEAD + lane::TOKEN_ROOM)
+}
 
 /// Counters kept by a publisher.
 #[derive(Debug)]
@@ -156,6 +179,13 @@ struct Shared {
     /// Set by [`Publisher::close`]: later publishes are refused, not sent on a new
     /// connection.
     closed: std::sync::atomic::AtomicBool,
+    /// The `frame_max` negotiated by the latest connection (0: none yet), which every
+    /// envelope is measured against before it is sent.
+    frame_max: AtomicU32,
+    /// The frame size assumed before the first connection: the smallest `?frame_max=` of
+    /// the URLs (the client asks for it, so the broker cannot negotiate more), else
+    /// [`DEFAULT_FRAME_MAX`].
+    frame_max_before_connect: u32,
     /// Keeps the Prometheus histograms folded while the lanes record latencies.
     #[cfg(feature = "http")]
     _upkeep: Option<crate::observe::UpkeepGuard>,
@@ -203,7 +233,7 @@ impl Publisher {
         Ok(Self {
             inner: Arc::new(Inner {
                 shared: Arc::new(Shared {
-                    connector: Connector::new(connection, "rabbitkit-publisher")?,
+                    connector: Connector::new(connection.clone(), "rabbitkit-publisher")?,
                     counters: Counters {
                         latency: metrics::histogram!(crate::stats::CONFIRM_LATENCY),
                         sent: AtomicU64::new(0),
@@ -217,6 +247,8 @@ impl Publisher {
                     },
                     cfg: cfg.clone(),
                     closed: std::sync::atomic::AtomicBool::new(false),
+                    frame_max: AtomicU32::new(0),
+                    frame_max_before_connect: requested_frame_max(&connection),
                     #[cfg(feature = "http")]
                     _upkeep: crate::observe::upkeep_guard(),
                 }),
@@ -230,11 +262,13 @@ impl Publisher {
     /// Connects now (instead of on the first publish), waiting up to the connection's
     /// `connect_timeout` (every node is tried at least once).
     pub async fn connect(&self) -> Result<()> {
-        let connector = &self.inner.shared.connector;
-        connector
-            .get(connector.config().connect_timeout)
-            .await
-            .map(|_| ())
+        let shared = &self.inner.shared;
+        let conn = shared
+            .connector
+            .get(shared.connector.config().connect_timeout)
+            .await?;
+        shared.learn(&conn);
+        Ok(())
     }
 
     /// The settings.
@@ -244,8 +278,25 @@ impl Publisher {
 
     /// Whether `envelope` passes the checks [`Publisher::send`] makes before sending
     /// (names, body size, headers, properties budget): `Err` is the error `send` would give.
+    ///
+    /// The envelope is measured as it will be sent: with the message id `send` generates
+    /// when it has none, the trace headers it writes (feature `otel`: `traceparent`, and
+    /// `tracestate` when the current trace carries one), and room for the publish token a
+    /// confirm channel may add. The budget is one content-header frame of the `frame_max`
+    /// negotiated by the publisher's latest connection; before the first one, the smallest
+    /// `?frame_max=` of the URLs, else RabbitMQ's default of 128 KiB.
     pub fn check(&self, envelope: &Envelope) -> Result<()> {
-        envelope.check(self.inner.shared.cfg.max_body, MAX_PROPERTIES)
+        let budget = self.inner.shared.properties_budget();
+        #[cfg(feature = "otel")]
+        let budget = budget.saturating_sub(crate::observe::otel::room(envelope));
+        envelope.check(self.inner.shared.cfg.max_body, budget)
+    }
+
+    /// The largest encoded size, in bytes, the properties (headers included) of a publish
+    /// may have now: one content-header frame of the negotiated `frame_max`, less the
+    /// frame's own fields and room for the publish token (see [`Publisher::check`]).
+    pub fn properties_budget(&self) -> usize {
+        self.inner.shared.properties_budget()
     }
 
     /// Publishes and waits for the broker's verdict.
@@ -280,7 +331,7 @@ impl Publisher {
         if shared.closed.load(Ordering::Acquire) {
             return Err(closed());
         }
-        let prepared = envelope.prepare(shared.cfg.max_body, MAX_PROPERTIES)?;
+        let prepared = envelope.prepare(shared.cfg.max_body, shared.properties_budget())?;
         let permit = self
             .inner
             .permits
@@ -408,7 +459,33 @@ impl Inner {
     }
 }
 
+/// The smallest `?frame_max=` the URLs of `connection` ask for (0 and unparsable ones
+/// ignored), else [`DEFAULT_FRAME_MAX`].
+fn requested_frame_max(connection: &ConnectionConfig) -> u32 {
+    connection
+        .urls
+        .iter()
+        .filter_map(|url| url.parse::<lapin::uri::AMQPUri>().ok()?.query.frame_max)
+        .filter(|f| *f > 0)
+        .min()
+        .unwrap_or(DEFAULT_FRAME_MAX)
+}
+
 impl Shared {
+    /// Remembers the `frame_max` negotiated by `conn`.
+    fn learn(&self, conn: &crate::connection::Conn) {
+        self.frame_max
+            .store(conn.conn.configuration().frame_max(), Ordering::Relaxed);
+    }
+
+    /// The properties budget of the latest connection, or the one assumed before any.
+    fn properties_budget(&self) -> usize {
+        match self.frame_max.load(Ordering::Relaxed) {
+            0 => properties_budget(self.frame_max_before_connect),
+            negotiated => properties_budget(negotiated),
+        }
+    }
+
     fn count(&self, outcome: &PublishOutcome) {
         let c = &self.counters;
         match outcome {
@@ -497,5 +574,89 @@ mod tests {
             Publisher::new(conn(), zero_body),
             Err(Error::Config(_))
         ));
+    }
+
+    /// A copy with `len` bytes in one header and properties of exactly `size` estimated
+    /// bytes (a message id set, as on every copy rabbitkit makes).
+    fn copy_of_size(size: usize) -> Envelope {
+        let with = |len: usize| {
+            let mut t = lapin::types::FieldTable::default();
+            t.insert(
+                "evidence".into(),
+                lapin::types::AMQPValue::LongString("e".repeat(len).into()),
+            );
+            Envelope::new("", "orders.retry.5s", "body").properties(
+                lapin::BasicProperties::default()
+                    .with_message_id("m-1".into())
+                    .with_headers(t),
+            )
+        };
+        let base = crate::envelope::properties_size(with(0).basic_properties());
+        let e = with(size - base);
+        assert_eq!(crate::envelope::properties_size(e.basic_properties()), size);
+        e
+    }
+
+    fn publisher(url: &str) -> Publisher {
+        Publisher::new(ConnectionConfig::new(url), PublisherConfig::default())
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_size_check_uses_the_frame_size_asked_for_not_a_fixed_budget() {
+        // Before the first connection, a URL that asks for 8 KiB frames is the budget: the
+        // broker cannot negotiate more. The old check let 120 KiB through, and such a copy
+        // then closed the publisher's connection on every attempt.
+        let p = publisher("amqp://guest:guest@127.0.0.1:5672/%2f?frame_max=8192");
+        let fits = 8192 - HEADER_FRAME_OVERHEAD - lane::TOKEN_ROOM;
+        assert_eq!(p.properties_budget(), fits);
+        assert!(matches!(
+            p.check(&copy_of_size(10 * 1024)),
+            Err(Error::InvalidHeader { .. })
+        ));
+        #[cfg(not(feature = "otel"))]
+        assert!(p.check(&copy_of_size(fits)).is_ok());
+        // Without a frame size asked for: RabbitMQ's default.
+        let p = publisher("amqp://guest:guest@127.0.0.1:5672/%2f");
+        assert_eq!(
+            p.properties_budget(),
+            128 * 1024 - HEADER_FRAME_OVERHEAD - lane::TOKEN_ROOM
+        );
+    }
+
+    #[test]
+    fn a_copy_that_fits_the_frame_only_without_the_publish_token_is_refused() {
+        // It would fit the content-header frame as it is, but not once the confirm channel
+        // adds its publish token (when the id is already in flight, as a retry copy's is).
+        let p = publisher("amqp://guest:guest@127.0.0.1:5672/%2f?frame_max=8192");
+        let frame = 8192 - HEADER_FRAME_OVERHEAD;
+        let copy = copy_of_size(frame - 10);
+        assert!(matches!(p.check(&copy), Err(Error::InvalidHeader { .. })));
+        // `send` refuses it alike, before anything is sent.
+        assert!(matches!(
+            copy.prepare(p.config().max_body, p.inner.shared.properties_budget()),
+            Err(Error::InvalidHeader { .. })
+        ));
+    }
+
+    #[cfg(feature = "otel")]
+    #[test]
+    fn a_copy_that_fits_only_without_the_trace_headers_is_refused() {
+        let p = publisher("amqp://guest:guest@127.0.0.1:5672/%2f?frame_max=8192");
+        let budget = p.properties_budget();
+        // Fits the budget as it is; `send` adds a 55-byte `traceparent` before preparing.
+        let copy = copy_of_size(budget - 20);
+        assert!(matches!(p.check(&copy), Err(Error::InvalidHeader { .. })));
+        let room = crate::observe::otel::room(&copy);
+        assert!(room >= 1 + "traceparent".len() + 1 + 4 + 55, "{room}");
+        assert!(p.check(&copy_of_size(budget - room)).is_ok());
+        // A copy that already carries a `traceparent` only needs room for the difference.
+        let carried = copy_of_size(budget - 200).header(
+            "traceparent",
+            lapin::types::LongString::from(
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+        );
+        assert_eq!(crate::observe::otel::room(&carried), 0);
     }
 }
