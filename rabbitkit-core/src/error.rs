@@ -61,6 +61,21 @@ pub enum Error {
         /// Why, and what to use instead.
         reason: String,
     },
+    /// A work queue rabbitkit did not declare (topology mode `validate` or `adopt`) does
+    /// not have, in effect, a type or an argument rabbitkit needs (above all its dead-letter
+    /// target, without which every rejection drops the message). Refused at start.
+    #[error("work queue {queue:?}: {argument} {found}; {fix}")]
+    WorkQueueMismatch {
+        /// The work queue.
+        queue: String,
+        /// The argument (`x-dead-letter-exchange`, `x-queue-type`, ...).
+        argument: String,
+        /// What the broker has, and what rabbitkit expected.
+        found: String,
+        /// What to do about it (for a policy-settable argument, the `rabbitmqctl
+        /// set_policy` command to run).
+        fix: String,
+    },
     /// The broker refused a declaration (for example 406 PRECONDITION_FAILED on inequivalent arguments).
     #[error("broker refused to declare {what}: {source}")]
     Declare {

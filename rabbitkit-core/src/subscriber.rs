@@ -193,9 +193,19 @@ impl Subscriber {
         self
     }
 
-    /// Declare the topology (default) or only validate it passively.
+    /// Declare the topology (default), only validate it, or adopt a work queue someone
+    /// else declared ([`TopologyMode`]).
     pub fn topology_mode(mut self, mode: TopologyMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// The management API, `http://[user:password@]host:port` (user and password default
+    /// to the broker URL's): read by the `validate` and `adopt` topology modes to see the
+    /// work queue's type, arguments and effective policy, so that a dead-letter exchange
+    /// set by a policy counts ([`Topology::management`]).
+    pub fn management_url(mut self, url: impl Into<String>) -> Self {
+        self.topology.management = Some(crate::topology::ManagementUrl::new(url));
         self
     }
 

@@ -982,3 +982,61 @@ queue = "shipping"
     assert!(r.err.contains("401"), "{r:?}");
     std::fs::remove_file(&file).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_apply_adopt_prints_the_policy_then_declares_beside_the_existing_queue() {
+    let vh = Broker::from_env().vhost("cli-adopt");
+    vh.declare_queue("orders", FieldTable::default()).await;
+    let mgmt = vh.broker.mgmt.clone();
+    let args = [
+        "topology",
+        "apply",
+        "orders",
+        "--adopt",
+        "--tiers",
+        "1s",
+        "--mgmt-url",
+        &mgmt,
+    ];
+    let refused = cli(&vh, &args).await;
+    assert_eq!(refused.code, EXIT_FAILED, "{refused:?}");
+    assert!(
+        refused.err.contains("x-dead-letter-exchange")
+            && refused.err.contains(&format!(
+                "rabbitmqctl set_policy -p '{}' --apply-to queues",
+                vh.name
+            )),
+        "{refused:?}"
+    );
+    assert_eq!(
+        vh.try_depth("orders.parking").await,
+        None,
+        "nothing declared"
+    );
+    let definition = rabbitkit_core::Topology::new("orders").policy_definition();
+    let (status, body) = rabbitkit_tests::http(
+        &mgmt,
+        "PUT",
+        &format!("/api/policies/{}/rk-dlx", vh.name),
+        Some(&format!(
+            r#"{{"pattern":"^orders$","apply-to":"queues","definition":{definition}}}"#
+        )),
+    );
+    assert!(status == 201 || status == 204, "{status} {body}");
+    let path = format!("/api/queues/{}/orders", vh.name);
+    wait_until(WAIT, "the policy applies", || {
+        let (_, q) = rabbitkit_tests::http(&mgmt, "GET", &path, None);
+        async move { q.contains(r#""policy":"rk-dlx""#) }
+    })
+    .await;
+    let adopted = cli(&vh, &args).await;
+    assert_eq!(adopted.code, EXIT_OK, "{adopted:?}");
+    assert!(
+        adopted.out.contains("adopted work queue \"orders\""),
+        "{adopted:?}"
+    );
+    assert_eq!(vh.try_depth("orders.parking").await, Some(0));
+    assert_eq!(vh.try_depth("orders.delay.1s").await, Some(0));
+    let misuse = cli(&vh, &["topology", "check", "orders", "--adopt"]).await;
+    assert_eq!(misuse.code, EXIT_USAGE, "{misuse:?}");
+}

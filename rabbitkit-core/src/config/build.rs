@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::policy::AckPolicy;
 use crate::subscriber::Subscriber;
-use crate::topology::{QueueType, Topology, TopologyReport};
+use crate::topology::{QueueType, Topology, TopologyMode, TopologyReport};
 use crate::worker::Worker;
 
 use super::{Handlers, SubscriberConfig, WorkerConfig};
@@ -30,6 +30,13 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
     if let Some(every) = config.observability.parking_depth_interval {
         worker = worker.parking_depth_interval(every);
     }
+    if config.topology.management_url.is_some() && config.topology.mode == TopologyMode::Declare {
+        return Err(Error::Config(
+            "topology.management-url is read only in the validate and adopt modes; \
+             mode is declare"
+                .into(),
+        ));
+    }
     for (i, s) in config.subscribers.iter().enumerate() {
         let template = handlers
             .get(&s.handler)
@@ -39,7 +46,11 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
             })?;
         let sub = apply(s, template.clone());
         refuse_ignored(i, s, &sub)?;
-        worker = worker.subscribe(sub.topology_mode(config.topology.mode));
+        let mut sub = sub.topology_mode(config.topology.mode);
+        if let Some(url) = &config.topology.management_url {
+            sub = sub.management_url(url.clone());
+        }
+        worker = worker.subscribe(sub);
     }
     worker.validate()?;
     Ok(worker)

@@ -138,13 +138,22 @@ impl ConnectionSection {
 }
 
 /// `[topology]`: what a worker does with its queues and exchanges at start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TopologySection {
-    /// `declare` (default) everything, or only `validate` it passively (nothing is
-    /// created; the worker does not start when something is missing).
+    /// `declare` (default) everything; only `validate` it (nothing is created; the worker
+    /// does not start when something is missing, or when a work queue lacks in effect an
+    /// argument rabbitkit needs, its dead-letter target above all); or `adopt` work queues
+    /// someone else declared (checked as in `validate`, then rabbitkit's exchanges,
+    /// bindings, tiers and parking queue declared beside them). See [`TopologyMode`].
     #[serde(default)]
     pub mode: TopologyMode,
+    /// The management API (`http://[user:password@]host:port`; user and password default
+    /// to the broker URL's), read in the `validate` and `adopt` modes to see each work
+    /// queue's effective policy: without it, a dead-letter exchange set by a policy cannot
+    /// be seen and is refused as missing. Refused in `declare` mode, which never reads it.
+    #[serde(default)]
+    pub management_url: Option<String>,
 }
 
 /// `[observability]`: logging and the metrics endpoint. rabbitkit does not install a

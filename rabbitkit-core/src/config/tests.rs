@@ -152,6 +152,7 @@ confirm-timeout = "11s"
 max-body = 1000
 [topology]
 mode = "validate"
+management-url = "http://ops:pw@rabbit:15672"
 [observability]
 log-level = "debug"
 log-format = "compact"
@@ -200,6 +201,10 @@ jitter = true
     assert_eq!(s.handler_name(), "jobs-v2");
     assert_eq!(s.queue(), "jobs");
     assert_eq!(s.mode, TopologyMode::Validate);
+    assert_eq!(
+        s.topology.management.as_ref().map(|m| m.as_str()),
+        Some("http://ops:pw@rabbit:15672")
+    );
     assert_eq!(s.topology.queue_type, QueueType::Quorum);
     assert_eq!(s.topology.delivery_limit, 9);
     assert_eq!(s.topology.tier_queue_type, QueueType::Classic);
@@ -792,4 +797,35 @@ fn keys_the_subscriber_would_ignore_are_refused() {
         "{MINIMAL}delivery-limit = 5\nmanual-fallback = \"reject\"\n"
     ));
     assert!(topologies(&file_only).is_ok());
+}
+
+#[test]
+fn topology_modes_parse_and_a_management_url_needs_validate_or_adopt() {
+    let src = |mode: &str, url: &str| {
+        format!(
+            "[connection]\nurl = \"amqp://localhost\"\n[topology]\nmode = \"{mode}\"\n{url}\n\
+             [[subscribers]]\nhandler = \"greet\"\nqueue = \"greetings\"\n"
+        )
+    };
+    let adopt = build(&src("adopt", ""));
+    assert_eq!(adopt.subscribers[0].mode, TopologyMode::Adopt);
+    assert!(adopt.subscribers[0].topology.management.is_none());
+    let url = "management-url = \"http://localhost:15672\"";
+    let with = build(&src("adopt", url));
+    assert!(with.subscribers[0].topology.management.is_some());
+    let ignored = from_config(&parse(&src("declare", url)), &handlers()).err();
+    assert!(
+        matches!(&ignored, Some(Error::Config(m)) if m.contains("management-url")),
+        "{ignored:?}"
+    );
+    let bad = from_config(
+        &parse(&src("validate", "management-url = \"https://h\"")),
+        &handlers(),
+    )
+    .err();
+    assert!(
+        matches!(&bad, Some(Error::Config(m)) if m.contains("https")),
+        "{bad:?}"
+    );
+    assert!(WorkerConfig::from_toml(&src("adopted", "")).is_err());
 }

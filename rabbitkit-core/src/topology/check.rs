@@ -160,7 +160,29 @@ impl Topology {
     /// Declares this topology ([`Topology::apply`] in `Declare` mode) on a connection of its
     /// own, closed afterwards.
     pub async fn declare(&self, connection: &ConnectionConfig) -> Result<()> {
+        self.apply_on_own_connection(connection, TopologyMode::Declare)
+            .await
+    }
+
+    /// Declares rabbitkit's own objects beside a work queue that exists and that rabbitkit
+    /// did not declare ([`TopologyMode::Adopt`]), on a connection of its own: the work queue
+    /// is checked (through [`Topology::management`] when set, so that a dead-letter
+    /// exchange set by a policy counts), then the bound exchanges and bindings, the retry
+    /// exchange, the delay tiers and the parking queue are declared. A work queue without
+    /// rabbitkit's dead-letter target is [`Error::WorkQueueMismatch`], whose fix is the
+    /// [`Topology::policy_command`] to run; nothing is declared then.
+    pub async fn adopt(&self, connection: &ConnectionConfig) -> Result<()> {
+        self.apply_on_own_connection(connection, TopologyMode::Adopt)
+            .await
+    }
+
+    async fn apply_on_own_connection(
+        &self,
+        connection: &ConnectionConfig,
+        mode: TopologyMode,
+    ) -> Result<()> {
         self.validate()?;
+        let site = self.site(connection)?;
         let connector = Connector::new(
             connection.clone(),
             format!("rabbitkit-topology-apply {}", self.queue),
@@ -168,7 +190,7 @@ impl Topology {
         let conn = connector.get(CONNECT_WAIT).await?;
         let result = match conn.conn.create_channel().await {
             Ok(ch) => {
-                let r = self.apply(&ch, TopologyMode::Declare).await;
+                let r = self.apply_in(&ch, mode, &site).await;
                 let _ = ch.close(200, "rabbitkit topology apply".into()).await;
                 r
             }
@@ -288,14 +310,14 @@ async fn declare(
     Ok(r)
 }
 
-fn reply_code(e: &lapin::Error) -> Option<u16> {
+pub(super) fn reply_code(e: &lapin::Error) -> Option<u16> {
     match e.kind() {
         ErrorKind::ProtocolError(a) => Some(a.get_id()),
         _ => None,
     }
 }
 
-fn reply_text(e: &lapin::Error) -> String {
+pub(super) fn reply_text(e: &lapin::Error) -> String {
     match e.kind() {
         ErrorKind::ProtocolError(a) => a.get_message().to_string(),
         _ => e.to_string(),

@@ -28,17 +28,22 @@ use lapin::{Channel, ExchangeKind};
 use serde::Deserialize;
 
 mod check;
+mod mgmt;
 mod migrate;
 mod prune;
+mod verify;
 
+use crate::connection::ConnectionConfig;
 use crate::error::{Error, Result};
 use crate::headers;
 use crate::names;
 use crate::retry;
 
 pub use check::{CheckedObject, ObjectState, TopologyReport};
+pub use mgmt::ManagementUrl;
 pub use migrate::{LegacyTier, MigratedTier, TierMigration, TierMigrationReport};
 pub use prune::{PruneOutcome, delete_if_empty, unused_tiers};
+pub(crate) use verify::Site;
 
 /// Classic or quorum: the type of a work queue, or of the delay tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -61,15 +66,27 @@ pub struct Binding {
     pub routing_key: String,
 }
 
-/// Declare everything, or only check it exists (passive).
+/// Declare everything, only check it, or declare rabbitkit's own queues beside a work queue
+/// that someone else runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum TopologyMode {
     /// Declare (idempotent when it already exists with the same arguments).
     #[default]
     Declare,
-    /// Passive checks only: nothing is created.
+    /// Nothing is created: every exchange and queue must exist, and the work queue must have
+    /// in effect the type and arguments rabbitkit would declare, its dead-letter target
+    /// above all (as an argument, or by a policy when [`Topology::management`] lets
+    /// rabbitkit read it). Otherwise the start is refused with
+    /// [`Error::WorkQueueMismatch`], naming the queue, the argument and the fix.
     Validate,
+    /// For a work queue that exists and that rabbitkit did not declare: the work queue is
+    /// checked as in `Validate` (it must exist; a missing dead-letter target is refused
+    /// with the `rabbitmqctl set_policy` command that adds it,
+    /// [`Topology::policy_command`]), then rabbitkit's own objects are declared: the bound
+    /// exchanges and the bindings, the retry exchange, the delay tiers and the parking queue.
+    Adopt,
 }
 
 /// A subscriber's topology.
@@ -96,6 +113,10 @@ pub struct Topology {
     pub delivery_limit: u32,
     /// Extra arguments for the work queue (override rabbitkit's; checked for cycles).
     pub queue_arguments: FieldTable,
+    /// The management API, read by the `validate` and `adopt` modes to see the work
+    /// queue's type, arguments and effective policy (AMQP reports none of them). Without
+    /// it a dead-letter exchange set by a policy cannot be seen, and is refused as missing.
+    pub management: Option<ManagementUrl>,
 }
 
 impl Topology {
@@ -110,6 +131,7 @@ impl Topology {
             tier_queue_type: QueueType::Quorum,
             delivery_limit: 20,
             queue_arguments: FieldTable::default(),
+            management: None,
         }
     }
 
@@ -186,6 +208,9 @@ impl Topology {
             ));
         }
         exchange_kind(&self.exchange_kind)?;
+        if let Some(m) = &self.management {
+            m.check()?;
+        }
         self.check_removed_arguments()?;
         let args = self.work_arguments();
         let arg = |k: &str| args.inner().get(k);
@@ -274,10 +299,39 @@ impl Topology {
         Ok(())
     }
 
-    /// Declares everything on `channel` (or only checks it, in `Validate` mode).
+    /// Declares everything on `channel` (or only checks it, in `Validate` mode; see
+    /// [`TopologyMode`]). Here the broker's vhost is not known, nor is the management API
+    /// used: a `Validate` or `Adopt` check of the work queue compares declared arguments
+    /// only. A worker applies its topologies with both.
     pub async fn apply(&self, channel: &Channel, mode: TopologyMode) -> Result<()> {
+        self.apply_in(channel, mode, &Site::default()).await
+    }
+
+    /// What [`Topology::apply_in`] knows of the broker `connection` reaches: its vhost and,
+    /// when [`Topology::management`] is set, the management API.
+    pub(crate) fn site(&self, connection: &ConnectionConfig) -> Result<Site> {
+        let uri = connection.validate()?;
+        let management = match &self.management {
+            Some(url) => Some(mgmt::Management::new(url, &uri)?),
+            None => None,
+        };
+        Ok(Site {
+            vhost: Some(uri.vhost),
+            management,
+        })
+    }
+
+    /// [`Topology::apply`] with what is known of the broker.
+    pub(crate) async fn apply_in(
+        &self,
+        channel: &Channel,
+        mode: TopologyMode,
+        site: &Site,
+    ) -> Result<()> {
         self.validate()?;
         let passive = mode == TopologyMode::Validate;
+        // Validate and Adopt: the work queue is someone else's; it is only checked.
+        let work_passive = mode != TopologyMode::Declare;
         let kind = exchange_kind(&self.exchange_kind)?;
         let xopts = ExchangeDeclareOptions {
             passive,
@@ -289,6 +343,27 @@ impl Topology {
             durable: true,
             ..Default::default()
         };
+        if work_passive {
+            // First, so that a refused work queue leaves nothing declared.
+            let wopts = QueueDeclareOptions {
+                passive: true,
+                ..qopts
+            };
+            channel
+                .queue_declare(self.queue.as_str().into(), wopts, FieldTable::default())
+                .await
+                .map_err(|e| match mode {
+                    TopologyMode::Adopt if check::reply_code(&e) == Some(404) => {
+                        Error::Topology(format!(
+                            "adopt mode takes a work queue that exists, and {:?} does not \
+                             (mode declare creates it)",
+                            self.queue
+                        ))
+                    }
+                    _ => declare_err(format!("work queue {:?}", self.queue), e),
+                })?;
+            self.verify_work_queue(channel, site).await?;
+        }
         let mut seen = Vec::new();
         for b in &self.bindings {
             if b.exchange.is_empty()
@@ -308,15 +383,12 @@ impl Topology {
                 .await
                 .map_err(|e| declare_err(format!("exchange {:?}", b.exchange), e))?;
         }
-        let work_args = if passive {
-            FieldTable::default()
-        } else {
-            self.work_arguments()
-        };
-        channel
-            .queue_declare(self.queue.as_str().into(), qopts, work_args)
-            .await
-            .map_err(|e| declare_err(format!("work queue {:?}", self.queue), e))?;
+        if !work_passive {
+            channel
+                .queue_declare(self.queue.as_str().into(), qopts, self.work_arguments())
+                .await
+                .map_err(|e| declare_err(format!("work queue {:?}", self.queue), e))?;
+        }
         if !self.tiers.is_empty() {
             let rx = self.retry_exchange();
             channel

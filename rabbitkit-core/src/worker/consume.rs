@@ -325,7 +325,8 @@ impl SubscriberTask {
         let conn = self.connector.get(Duration::from_secs(30)).await?;
         let mut channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
         // Re-declared on every (re)connect: recovery is ours, not lapin's.
-        match self.topology.apply(&channel, self.mode).await {
+        let site = self.topology.site(self.connector.config())?;
+        match self.topology.apply_in(&channel, self.mode, &site).await {
             Ok(()) => {}
             Err(e @ Error::ParkingUnavailable { .. }) => {
                 // Everything else is declared; the 404 closed the channel.

@@ -194,7 +194,10 @@ impl Worker {
         for s in &self.subscribers {
             let ch = conn.conn.create_channel().await.map_err(Error::amqp)?;
             let topology = s.full_topology();
-            match topology.apply(&ch, s.mode).await {
+            match topology
+                .apply_in(&ch, s.mode, &topology.site(&self.connection)?)
+                .await
+            {
                 Ok(()) => {
                     let _ = ch.close(200, "topology declared".into()).await;
                 }

@@ -221,6 +221,18 @@ pub(crate) struct TopologyArgs {
     /// `--quorum`: a classic queue has no delivery limit.
     #[arg(long, requires = "quorum")]
     pub(crate) delivery_limit: Option<u32>,
+    /// `apply` only: the work queue exists and someone else declared it. It is checked
+    /// (it must have rabbitkit's dead-letter target, as an argument or by a policy; when it
+    /// has not, the `rabbitmqctl set_policy` command that gives it is printed and nothing
+    /// is declared), then only rabbitkit's own objects are declared beside it: exchanges,
+    /// bindings, retry exchange, delay tiers, parking queue.
+    #[arg(long)]
+    pub(crate) adopt: bool,
+    /// The management API, `http://[user:pass@]host:15672` (default user and password: the
+    /// broker URL's): with `--adopt`, read to see the work queue's effective policy, so
+    /// that a dead-letter exchange set by a policy counts.
+    #[arg(long, env = "RABBITKIT_MGMT_URL", hide_env_values = true)]
+    pub(crate) mgmt_url: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -6,7 +6,8 @@
 use rabbitkit_core::retry::is_tier_of;
 use rabbitkit_core::retry::tier_label;
 use rabbitkit_core::topology::{
-    Binding, MigratedTier, ObjectState, PruneOutcome, TopologyReport, delete_if_empty, unused_tiers,
+    Binding, ManagementUrl, MigratedTier, ObjectState, PruneOutcome, TopologyReport,
+    delete_if_empty, unused_tiers,
 };
 use serde_json::json;
 
@@ -27,6 +28,12 @@ pub(crate) async fn run(
         TopologyCommand::Prune(args) => return prune(connection, args, io).await,
     };
     let json = args.json;
+    let adopt = args.adopt;
+    if adopt && check {
+        writeln!(io.err, "rabbitkit: --adopt is for `topology apply`")?;
+        return Ok(EXIT_USAGE);
+    }
+    let mgmt_url = args.mgmt_url.clone();
     let topologies = match topologies(args) {
         Ok(t) if t.is_empty() => {
             writeln!(
@@ -41,6 +48,9 @@ pub(crate) async fn run(
             return Ok(EXIT_USAGE);
         }
     };
+    if adopt {
+        return adopt_all(connection, topologies, mgmt_url, io).await;
+    }
     if !check {
         for topology in &topologies {
             topology.declare(connection).await?;
@@ -86,6 +96,44 @@ pub(crate) async fn run(
         )?;
         Ok(EXIT_FAILED)
     }
+}
+
+/// `topology apply --adopt`: rabbitkit's own objects beside work queues someone else
+/// declared; a work queue without rabbitkit's dead-letter target is reported with the
+/// command that gives it, and exits 1.
+async fn adopt_all(
+    connection: &ConnectionConfig,
+    topologies: Vec<Topology>,
+    mgmt_url: Option<String>,
+    io: &mut Io<'_>,
+) -> Done {
+    let mut refused = 0;
+    for mut topology in topologies {
+        topology.management = mgmt_url.clone().map(ManagementUrl::new);
+        match topology.adopt(connection).await {
+            Ok(()) => writeln!(
+                io.out,
+                "adopted work queue {:?}: declared {}, {} retry tiers, {} bindings beside it",
+                topology.queue,
+                topology.parking_queue(),
+                topology.tiers.len(),
+                topology.bindings.len()
+            )?,
+            Err(e @ crate::Error::WorkQueueMismatch { .. }) => {
+                refused += 1;
+                writeln!(io.err, "rabbitkit: {e}")?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if refused > 0 {
+        writeln!(
+            io.err,
+            "rabbitkit: {refused} work queues not adopted (nothing was declared for them)"
+        )?;
+        return Ok(EXIT_FAILED);
+    }
+    Ok(EXIT_OK)
 }
 
 async fn migrate(connection: &ConnectionConfig, args: MigrateArgs, io: &mut Io<'_>) -> Done {
