@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use rabbitkit_core::delivery::Delivery;
-use rabbitkit_core::idempotency::{IdempotencyStore, IdempotentLayer, MemoryStore};
+use rabbitkit_core::idempotency::{IdempotencyStore, IdempotentLayer, KeyBy, MemoryStore};
 use rabbitkit_core::subscriber::BoxDeliveryService;
 use rabbitkit_core::{BoxError, Subscriber};
 use rabbitkit_tests::{Broker, Vhost, counting_handler, http, wait_until};
@@ -103,7 +103,10 @@ async fn duplicate_after_a_lost_ack_is_acked_without_a_second_effect() {
     .await;
 
     wait_until(WAIT, "the effect done and the key marked", || async {
-        store.seen("dep-1").await.unwrap_or(false)
+        store
+            .seen(&KeyBy::MessageIdAndBody.key_of("dep-1", b"{\"cents\":500}"))
+            .await
+            .unwrap_or(false)
     })
     .await;
     assert_eq!(effects.load(Ordering::SeqCst), 1);

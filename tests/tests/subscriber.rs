@@ -902,16 +902,17 @@ async fn a_copy_whose_body_is_over_max_body_parks_the_whole_message_without_a_lo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unpublishable_retry_copy_is_parked_trimmed_and_stays_parked() {
     let vh = Broker::from_env().vhost("sub-trimmed");
+    // Over 600 bytes of evidence headers with this error message.
     let sub = Subscriber::new("orders", || async {
-        Err::<(), BoxError>("downstream timed out".into())
+        Err::<(), BoxError>(format!("downstream timed out: {}", "x".repeat(600)).into())
     })
     .retry(RetryPolicy::new([Duration::from_millis(200)]));
     let w = vh.start_worker(sub).await;
-    // Fits the broker's frame and the publisher's 120 KiB budget on its own; not with the
-    // evidence headers on top.
+    // Fits the broker's default 128 KiB frame on its own (delivered to the consumer); not
+    // with the evidence headers on top (the publisher's budget is that frame).
     let big = table(&[(
         "big",
-        AMQPValue::LongString("b".repeat(120 * 1024 - 200).into()),
+        AMQPValue::LongString("b".repeat(128 * 1024 - 500).into()),
     )]);
     vh.publish_raw(
         "",

@@ -2,9 +2,34 @@
 //!
 //! At-least-once delivery means duplicates: a connection lost after the handler's effect
 //! but before the ack redelivers the message, and producers retry publishes. The layer
-//! keeps a key per processed message (the message id by default) in an
-//! [`IdempotencyStore`] and acks a delivery whose key is already there without running the
-//! handler again.
+//! keeps a key per processed message (by default the message id **and a digest of the
+//! body**, see [`KeyBy`]) in an [`IdempotencyStore`] and acks a delivery whose key is
+//! already there without running the handler again.
+//!
+//! # The key
+//!
+//! | key | a duplicate is | a reused or guessed id with another body |
+//! |---|---|---|
+//! | [`KeyBy::MessageIdAndBody`] (default) | same id, same body | runs the handler; a warning names the id |
+//! | [`KeyBy::MessageId`] | same id | **acked without running the handler: the message is lost to the handler** |
+//! | [`IdempotentLayer::key`] | same key you compute | as your key decides |
+//!
+//! The default is the message id plus a SHA-256 digest of the body. A redelivery, a retry
+//! copy and a replayed copy carry the body unchanged, so every duplicate rabbitkit itself
+//! can cause is still caught; a producer that reuses an id (a counter reset, a bug, an id
+//! derived from a business key that repeats) or a producer guessing another's id can no
+//! longer make the layer ack a *different* message unprocessed: different body, different
+//! key, and the handler runs. When the id was already processed with another body, the
+//! layer logs a warning with the message id (it keeps a second mark per message for that,
+//! `"{id}#sha256"`, looked up together with the key). The digest is a cryptographic hash: a
+//! producer cannot craft another body with the same key, and a store shared by processes
+//! or kept across restarts sees the same key for the same message everywhere.
+//!
+//! [`KeyBy::MessageId`] keys on the id alone: for producers that legitimately resend one
+//! message id with a re-serialised body (field order, whitespace, a new timestamp inside),
+//! where a body digest would let the resend run the handler again. It trusts every
+//! producer of the queue with the id's uniqueness: an id used twice for two messages
+//! skips the second one.
 //!
 //! # What it covers
 //!
@@ -38,6 +63,19 @@
 //!   after that runs the handler.
 //! - Deliveries without a key (no message id, or your key function returned `None`): the
 //!   handler runs.
+//! - With the default key, a resend of one message id whose body differs by a single byte
+//!   (re-serialised JSON): it runs the handler (and warns). Use [`KeyBy::MessageId`] or
+//!   your own key for such producers.
+//!
+//! # Upgrading from marks keyed on the bare message id
+//!
+//! rabbitkit 0.1.0 keyed marks on the bare message id, and that is all a persistent store
+//! filled by it holds. The default key does not match those marks: a duplicate of
+//! a message processed just before the upgrade runs the handler once more (a duplicate,
+//! which at-least-once allows; matching bare ids would let any reused id through, a loss).
+//! To keep them matched through the store's retention window, start with
+//! `.key_by(KeyBy::MessageId)`, and switch to the default once that window has passed.
+//! [`MemoryStore`] is empty after the restart of an upgrade anyway.
 //!
 //! # Store failures
 //!
@@ -87,11 +125,97 @@ use crate::settle::SettleReport;
 
 type KeyFn = Arc<dyn Fn(&Delivery) -> Option<String> + Send + Sync>;
 
+/// What the [`Idempotent`] layer keys a processed message on (see the
+/// [module docs](self#the-key) for what each protects against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KeyBy {
+    /// The message id and a SHA-256 digest of the body (the default): a duplicate is the
+    /// same message id with the same body. A reused or guessed id with another body runs
+    /// the handler, with a warning naming the id. The key is `"{id}#sha256:{digest}"`
+    /// (the digest's first 128 bits, in hex), and a second mark, `"{id}#sha256"`, says
+    /// the id was processed with some body.
+    #[default]
+    MessageIdAndBody,
+    /// The message id alone (the key is the id): a duplicate is any delivery with an id
+    /// already processed, whatever its body. For producers that resend one id with a
+    /// re-serialised body; every producer of the queue must keep ids unique, or a message
+    /// that reuses one is acked without running the handler.
+    MessageId,
+}
+
+impl KeyBy {
+    /// The store key of a message with `message_id` and `body` under this choice: what
+    /// the layer looks up and marks (to inspect or fill a store by hand).
+    pub fn key_of(self, message_id: &str, body: &[u8]) -> String {
+        match self {
+            KeyBy::MessageId => message_id.to_owned(),
+            KeyBy::MessageIdAndBody => format!("{message_id}#sha256:{}", body_digest(body)),
+        }
+    }
+}
+
 /// Wraps a service in [`Idempotent`].
 #[derive(Clone)]
 pub struct IdempotentLayer {
     store: Arc<dyn IdempotencyStore>,
-    key: KeyFn,
+    key: Keyer,
+}
+
+/// How the keys of a delivery are made.
+#[derive(Clone)]
+enum Keyer {
+    By(KeyBy),
+    Custom(KeyFn),
+}
+
+/// The store keys of one delivery.
+struct Keys {
+    /// Marked once the handler succeeded; a delivery whose key is marked is skipped.
+    key: String,
+    /// With [`KeyBy::MessageIdAndBody`]: the message id, and its mark `"{id}#sha256"`, set
+    /// with the key, that says the id was processed with some body (read only to warn).
+    sighting: Option<(String, String)>,
+}
+
+impl Keyer {
+    fn keys(&self, delivery: &Delivery) -> Option<Keys> {
+        // An empty id is no id: keyed on it, every such message after the first would be
+        // acked unprocessed.
+        let id = || delivery.message_id().filter(|id| !id.is_empty());
+        match self {
+            Keyer::By(KeyBy::MessageId) => Some(Keys {
+                key: id()?.to_owned(),
+                sighting: None,
+            }),
+            Keyer::By(KeyBy::MessageIdAndBody) => {
+                let id = id()?;
+                Some(Keys {
+                    key: KeyBy::MessageIdAndBody.key_of(id, delivery.body()),
+                    sighting: Some((id.to_owned(), format!("{id}#sha256"))),
+                })
+            }
+            Keyer::Custom(f) => Some(Keys {
+                key: f(delivery)?,
+                sighting: None,
+            }),
+        }
+    }
+}
+
+/// The first 128 bits of the body's SHA-256, in hex: stable across processes, releases and
+/// platforms (a store may be shared and outlive a restart), and no producer can make
+/// another body with the same digest.
+fn body_digest(body: &[u8]) -> String {
+    use sha2::Digest;
+    use std::fmt::Write;
+    let digest = sha2::Sha256::digest(body);
+    digest[..16]
+        .iter()
+        .fold(String::with_capacity(32), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 impl std::fmt::Debug for IdempotentLayer {
@@ -101,28 +225,32 @@ impl std::fmt::Debug for IdempotentLayer {
 }
 
 impl IdempotentLayer {
-    /// Deduplicates by message id in `store`. Deliveries without a message id (or with an
-    /// empty one) run as usual.
+    /// Deduplicates by message id and body digest ([`KeyBy::MessageIdAndBody`]) in
+    /// `store`. Deliveries without a message id (or with an empty one) run as usual.
     pub fn new(store: impl IdempotencyStore) -> Self {
         Self {
             store: Arc::new(store),
-            // An empty id is no id: keyed on it, every such message after the first would
-            // be acked unprocessed.
-            key: Arc::new(|d: &Delivery| {
-                d.message_id()
-                    .filter(|id| !id.is_empty())
-                    .map(str::to_owned)
-            }),
+            key: Keyer::By(KeyBy::default()),
         }
     }
 
+    /// Deduplicates by `key_by` instead of the default (see [`KeyBy`] for what each
+    /// protects against).
+    #[must_use]
+    pub fn key_by(mut self, key_by: KeyBy) -> Self {
+        self.key = Keyer::By(key_by);
+        self
+    }
+
     /// Deduplicates by the key `key` computes instead (`None`: no key, the handler runs).
+    /// Everything a delivery with the same key carries is then taken as processed: make
+    /// the key name the message, not only its sender's claim of an id.
     #[must_use]
     pub fn key<F>(mut self, key: F) -> Self
     where
         F: Fn(&Delivery) -> Option<String> + Send + Sync + 'static,
     {
-        self.key = Arc::new(key);
+        self.key = Keyer::Custom(Arc::new(key));
         self
     }
 }
@@ -146,7 +274,7 @@ impl<S> Layer<S> for IdempotentLayer {
 pub struct Idempotent<S> {
     inner: S,
     store: Arc<dyn IdempotencyStore>,
-    key: KeyFn,
+    key: Keyer,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Idempotent<S> {
@@ -175,7 +303,7 @@ where
         // The clone takes the place of the service that was polled ready, which runs now.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let Some(key) = (self.key)(&delivery) else {
+        let Some(keys) = self.key.keys(&delivery) else {
             let fut = inner.call(delivery);
             return ResponseFuture {
                 inner: Box::pin(async move { fut.await.map_err(Into::into) }),
@@ -184,9 +312,16 @@ where
         let store = self.store.clone();
         ResponseFuture {
             inner: Box::pin(async move {
-                match store.seen(&key).await {
+                // Both marks at once: one round trip to a remote store, not two.
+                let sighting = keys.sighting.as_ref().map(|(_, s)| store.seen(s));
+                let (seen, sighted) = futures_util::future::join(
+                    store.seen(&keys.key),
+                    futures_util::future::OptionFuture::from(sighting),
+                )
+                .await;
+                match seen {
                     Ok(false) => {}
-                    Ok(true) => return Ok(skip(&delivery, &key).await),
+                    Ok(true) => return Ok(skip(&delivery, &keys.key).await),
                     Err(e) => {
                         return Ok(Outcome::retry(Failure::from_error(
                             "idempotency-store",
@@ -194,17 +329,28 @@ where
                         )));
                     }
                 }
+                match (sighted, &keys.sighting) {
+                    (Some(Ok(true)), Some((id, _))) => tracing::warn!(
+                        message_id = %id,
+                        key = %keys.key,
+                        "message id already processed with another body (a reused or guessed id); running the handler"
+                    ),
+                    (Some(Err(e)), _) => {
+                        tracing::debug!(error = %e, "idempotency store: the id's mark could not be read")
+                    }
+                    _ => {}
+                }
                 let Some(handle) = delivery.settle_handle().cloned() else {
                     let outcome = inner.call(delivery).await.map_err(Into::into)?;
                     if matches!(outcome, Outcome::Ack) {
-                        mark(store.as_ref(), &key).await;
+                        mark(store.as_ref(), &keys).await;
                     }
                     return Ok(outcome);
                 };
                 // Manual mode: the handler acks itself, so the mark goes into its handle.
                 let sink = Arc::new(MarkingSink {
                     store,
-                    key,
+                    keys,
                     handle,
                     running: AtomicBool::new(true),
                 });
@@ -233,17 +379,27 @@ async fn skip(delivery: &Delivery, key: &str) -> Outcome {
     }
 }
 
-async fn mark(store: &dyn IdempotencyStore, key: &str) {
-    if let Err(e) = store.mark(key).await {
+async fn mark(store: &dyn IdempotencyStore, keys: &Keys) {
+    let sighting = keys.sighting.as_ref().map(|(_, s)| store.mark(s));
+    let (marked, sighted) = futures_util::future::join(
+        store.mark(&keys.key),
+        futures_util::future::OptionFuture::from(sighting),
+    )
+    .await;
+    if let Err(e) = marked {
         // The effect happened: ack it anyway rather than retry it (which would repeat it).
-        tracing::warn!(key, error = %e, "could not record the key as processed; acking anyway, a later duplicate would run again");
+        tracing::warn!(key = %keys.key, error = %e, "could not record the key as processed; acking anyway, a later duplicate would run again");
+    }
+    if let Some(Err(e)) = sighted {
+        // Only the warning about a reused id depends on it.
+        tracing::debug!(key = %keys.key, error = %e, "could not record the message id's mark");
     }
 }
 
 /// The handle given to a manual handler: `ack` marks the key, then acks the original.
 struct MarkingSink {
     store: Arc<dyn IdempotencyStore>,
-    key: String,
+    keys: Keys,
     handle: Settle,
     /// False once the handler returned: a later settle must not mark the key.
     running: AtomicBool,
@@ -257,7 +413,7 @@ impl SettleSink for MarkingSink {
                 return SettleReport::Nothing;
             }
             if matches!(outcome, Outcome::Ack) {
-                mark(self.store.as_ref(), &self.key).await;
+                mark(self.store.as_ref(), &self.keys).await;
             }
             self.handle.run(outcome).await
         })

@@ -11,6 +11,51 @@ fn store() -> Arc<MemoryStore> {
     Arc::new(MemoryStore::new(100, Duration::from_secs(60)))
 }
 
+/// The default key of a message with `id` and `body`.
+fn key(id: &str, body: &str) -> String {
+    KeyBy::MessageIdAndBody.key_of(id, body.as_bytes())
+}
+
+/// Captures the WARN events (their fields, `name=value` joined) emitted on this thread.
+#[derive(Default, Clone)]
+struct Warnings(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Warnings {
+    fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() != tracing::Level::WARN {
+            return;
+        }
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={v:?} ", f.name()));
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(fields.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 /// A handler that counts its effects and fails while `fail` is set.
 fn counting(effects: &Arc<AtomicU32>, fail: &Arc<AtomicBool>) -> Subscriber {
     let (e, f) = (effects.clone(), fail.clone());
@@ -49,7 +94,120 @@ async fn a_redelivered_duplicate_is_acked_without_a_second_effect() {
     assert!(kit.run(TestDelivery::new("x")).await.is_ack());
     assert!(kit.run(TestDelivery::new("x")).await.is_ack());
     assert_eq!(effects.load(Ordering::SeqCst), 4);
-    assert_eq!(s.len(), 2);
+    // Per keyed message: its key and the mark of its id.
+    assert_eq!(s.len(), 4);
+    assert!(s.seen(&key("m-1", "x")).await.unwrap_or(false));
+    assert!(s.seen("m-1#sha256").await.unwrap_or(false));
+}
+
+#[tokio::test]
+async fn a_reused_id_with_another_body_runs_the_handler_and_warns() {
+    let effects = Arc::new(AtomicU32::new(0));
+    let fail = Arc::new(AtomicBool::new(false));
+    let s = store();
+    let kit = TestKit::new(counting(&effects, &fail).layer(IdempotentLayer::new(s.clone())));
+    let warnings = Warnings::default();
+    let _guard = tracing::subscriber::set_default(warnings.clone());
+    let first = kit
+        .run(TestDelivery::new(r#"{"cents":500}"#).message_id("dep-1"))
+        .await;
+    assert!(first.is_ack(), "{first}");
+    assert!(warnings.all().is_empty(), "{:?}", warnings.all());
+    // Another message under the same id (a producer's counter reset, or a guess): it is
+    // not a duplicate, and acking it unprocessed would lose it.
+    let other = kit
+        .run(TestDelivery::new(r#"{"cents":90000}"#).message_id("dep-1"))
+        .await;
+    assert!(other.is_ack(), "{other}");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        2,
+        "the handler ran for both"
+    );
+    let warned = warnings.all();
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.contains("message_id=dep-1") && w.contains("another body")),
+        "{warned:?}"
+    );
+    // The same id and body again is a duplicate, skipped without a warning.
+    let n = warnings.all().len();
+    let dup = kit
+        .run(
+            TestDelivery::new(r#"{"cents":90000}"#)
+                .message_id("dep-1")
+                .redelivered(true),
+        )
+        .await;
+    assert!(dup.is_ack(), "{dup}");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        2,
+        "the duplicate was skipped"
+    );
+    assert_eq!(warnings.all().len(), n, "{:?}", warnings.all());
+}
+
+#[tokio::test]
+async fn marks_of_the_bare_id_from_the_previous_release_are_not_matched() {
+    // A store filled by 0.1.0 holds bare message ids. The default key does not match them:
+    // at worst a duplicate runs once more; matching would let a reused id through.
+    let effects = Arc::new(AtomicU32::new(0));
+    let fail = Arc::new(AtomicBool::new(false));
+    let s = store();
+    s.mark("m-1").await.unwrap_or_else(|e| panic!("{e}"));
+    let kit = TestKit::new(counting(&effects, &fail).layer(IdempotentLayer::new(s.clone())));
+    assert!(
+        kit.run(TestDelivery::new("x").message_id("m-1"))
+            .await
+            .is_ack()
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn keyed_by_message_id_alone_any_body_under_a_processed_id_is_skipped() {
+    // The explicit choice for producers that resend an id with a re-serialised body: the
+    // key is the bare id (so the previous release's marks match too), and every producer
+    // must keep ids unique.
+    let effects = Arc::new(AtomicU32::new(0));
+    let fail = Arc::new(AtomicBool::new(false));
+    let s = store();
+    s.mark("old-1").await.unwrap_or_else(|e| panic!("{e}"));
+    let layer = IdempotentLayer::new(s.clone()).key_by(KeyBy::MessageId);
+    let kit = TestKit::new(counting(&effects, &fail).layer(layer));
+    for body in [r#"{"a":1,"b":2}"#, r#"{"b":2,"a":1}"#] {
+        assert!(
+            kit.run(TestDelivery::new(body).message_id("m-1"))
+                .await
+                .is_ack()
+        );
+    }
+    assert!(
+        kit.run(TestDelivery::new("y").message_id("old-1"))
+            .await
+            .is_ack()
+    );
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "one run for m-1, none for old-1"
+    );
+    assert!(s.seen("m-1").await.unwrap_or(false));
+    assert_eq!(s.len(), 2, "bare ids only");
+}
+
+#[test]
+fn the_default_key_is_stable_and_names_id_and_body() {
+    // Stable across processes and releases (a shared store outlives both): SHA-256.
+    assert_eq!(
+        key("m-1", "x"),
+        "m-1#sha256:2d711642b726b04401627ca9fbac32f5"
+    );
+    assert_ne!(key("m-1", "x"), key("m-1", "y"));
+    assert_ne!(key("m-1", "x"), key("m-2", "x"));
+    assert_eq!(KeyBy::MessageId.key_of("m-1", b"x"), "m-1");
 }
 
 #[tokio::test]
@@ -83,7 +241,7 @@ async fn a_failed_run_is_not_marked_so_its_retry_runs_again() {
             .await
             .is_retry()
     );
-    assert!(!s.seen("m-1").await.unwrap_or(true));
+    assert!(s.is_empty(), "nothing marked");
     fail.store(false, Ordering::SeqCst);
     assert!(
         kit.run(TestDelivery::new("x").message_id("m-1").attempt(2))
@@ -184,7 +342,7 @@ async fn manual_mode_marks_before_the_handle_acks_and_acks_duplicates_through_it
     let first = kit.run(TestDelivery::new("x").message_id("m-1")).await;
     assert_eq!(first.settled_by(), SettledBy::Handler);
     assert!(first.is_ack(), "{first}");
-    assert!(s.seen("m-1").await.unwrap_or(false));
+    assert!(s.seen(&key("m-1", "x")).await.unwrap_or(false));
     let dup = kit
         .run(TestDelivery::new("x").message_id("m-1").redelivered(true))
         .await;
