@@ -17,6 +17,7 @@ use crate::outcome::{Classify, ErrorClass, Failure, Outcome};
 use crate::policy::{AckPolicy, ManualFallback};
 use crate::retry::{self, RetryPolicy, RetryStep};
 use crate::topology::QueueType;
+use crate::trust::HeaderTrust;
 
 /// What a subscriber's settlement depends on.
 #[derive(Clone)]
@@ -38,6 +39,8 @@ pub struct SettleSpec {
     pub fallback: ManualFallback,
     /// Requeues allowed per message; the next requeue parks it (`requeue-limit`).
     pub requeue_limit: u32,
+    /// Signs the copies' own headers, and judges those of deliveries.
+    pub trust: HeaderTrust,
 }
 
 impl std::fmt::Debug for SettleSpec {
@@ -50,6 +53,7 @@ impl std::fmt::Debug for SettleSpec {
             .field("policy", &self.policy)
             .field("fallback", &self.fallback)
             .field("requeue_limit", &self.requeue_limit)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -168,20 +172,28 @@ pub fn decide(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> Decis
         AckPolicy::AckFirst => Decision::Nothing,
         AckPolicy::Manual => match outcome {
             Outcome::Settled => Decision::Nothing,
-            other => {
+            // A clean return without a settlement: the handler ran to its end and chose
+            // nothing, so the configured fallback applies.
+            Outcome::Ack => {
                 tracing::warn!(
                     handler = %spec.handler,
                     queue = %spec.queue,
+                    message_id = delivery.message_id().unwrap_or(""),
+                    routing_key = %delivery.routing_key(),
                     fallback = ?spec.fallback,
                     "manual handler returned without settling; applying the fallback"
                 );
                 match spec.fallback {
                     ManualFallback::NackRequeue => requeue(spec, delivery),
-                    ManualFallback::Ack => Decision::Ack,
+                    ManualFallback::Ack | ManualFallback::Auto => Decision::Ack,
                     ManualFallback::Reject => Decision::Reject,
-                    ManualFallback::Auto => auto(spec, delivery, other),
                 }
             }
+            // Everything else is a failure (a decode rejection, a panic, a deadline overrun,
+            // an error) or an explicit request: decided exactly as in auto mode, so poison
+            // parks at once with its reason, a panic is retried then parked, and no fallback
+            // can ack a message the handler did not process.
+            other => auto(spec, delivery, other),
         },
     }
 }
@@ -283,6 +295,7 @@ fn retry_or_park(
             // copies stayed for ever). The broker removes `expiration` when it dead-letters
             // the copy, so the message does not expire in the work queue.
             let tier_copy = copy(
+                spec,
                 d,
                 retry::retry_exchange(&spec.queue),
                 tier_queue,
@@ -319,7 +332,14 @@ fn park(spec: &SettleSpec, d: &Delivery, reason: ParkReason, failure: Failure) -
     );
     h.insert(headers::PARK_REASON.into(), long_string(reason.as_str()));
     Decision::Republish {
-        copy: copy(d, String::new(), retry::parking_queue(&spec.queue), h, None),
+        copy: copy(
+            spec,
+            d,
+            String::new(),
+            retry::parking_queue(&spec.queue),
+            h,
+            None,
+        ),
         kind: CopyKind::Park { reason },
         failure,
     }
@@ -359,13 +379,16 @@ fn evidence(spec: &SettleSpec, d: &Delivery, failure: &Failure) -> FieldTable {
 /// A persistent copy with the original's identifying properties and `expiration` (a retry
 /// copy gets its tier's delay; the original's own expiration is never copied).
 fn copy(
+    spec: &SettleSpec,
     d: &Delivery,
     exchange: String,
     routing_key: String,
-    headers: FieldTable,
+    mut headers: FieldTable,
     expiration: Option<ShortString>,
 ) -> Envelope {
     let o = d.properties();
+    // Signed last, over what the copy carries: its attempt and original route.
+    spec.trust.seal(&mut headers, d.body());
     let mut p = BasicProperties::default()
         .with_delivery_mode(2)
         .with_headers(headers);
@@ -429,6 +452,7 @@ mod tests {
             policy,
             fallback: ManualFallback::NackRequeue,
             requeue_limit: 20,
+            trust: HeaderTrust::default(),
         }
     }
 

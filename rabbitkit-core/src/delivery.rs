@@ -84,6 +84,7 @@ impl Delivery {
             settle: None,
             attempt: None,
             requeues: 0,
+            ignore_own_headers: None,
         }
     }
 
@@ -204,9 +205,19 @@ pub struct DeliveryBuilder {
     settle: Option<Settle>,
     attempt: Option<u32>,
     requeues: u32,
+    ignore_own_headers: Option<&'static str>,
 }
 
 impl DeliveryBuilder {
+    /// Ignores the delivery's own attempt and original-route headers: they were not written
+    /// by rabbitkit (see [`HeaderTrust`](crate::trust::HeaderTrust)); `why` is recorded in
+    /// [`Attempt::forged_header`]. Without this call they are believed, as the runtime
+    /// believes them once verified.
+    pub fn ignore_own_headers(mut self, why: &'static str) -> Self {
+        self.ignore_own_headers = Some(why);
+        self
+    }
+
     /// Exchange and routing key as received.
     pub fn route(mut self, exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
         self.exchange = exchange.into();
@@ -263,8 +274,29 @@ impl DeliveryBuilder {
         if let Some(n) = self.attempt {
             self = self.header(headers::ATTEMPT, AMQPValue::LongLongInt(i64::from(n)));
         }
-        let hdrs = self.properties.headers().as_ref();
-        let attempt = Attempt::from_headers(hdrs, &self.queue);
+        let believed;
+        let hdrs = match self.ignore_own_headers {
+            None => self.properties.headers().as_ref(),
+            Some(_) => {
+                let mut map = self
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .map(|h| h.inner().clone())
+                    .unwrap_or_default();
+                // `x-death` too: a producer can write it on RabbitMQ 3.10-3.13, and its
+                // expiries would count as attempts.
+                for name in crate::trust::SIGNED.iter().chain(&["x-death"]) {
+                    map.remove(*name);
+                }
+                believed = FieldTable::from(map);
+                Some(&believed)
+            }
+        };
+        let mut attempt = Attempt::from_headers(hdrs, &self.queue);
+        if let Some(why) = self.ignore_own_headers {
+            attempt.forged_header = Some(format!("own headers ignored: {why}"));
+        }
         let original = |name: &str, received: &str| {
             headers::get(hdrs, name)
                 .and_then(headers::string)

@@ -68,6 +68,11 @@ pub const ACQUIRED_COUNT: &str = "x-acquired-count";
 /// would show stale counts.
 pub const BROKER_COUNT_HEADERS: &[&str] = &[DELIVERY_COUNT, ACQUIRED_COUNT];
 
+/// The signature of rabbitkit's own routing and attempt headers (`v1:` and an
+/// HMAC-SHA256 in hex; see [`HeaderTrust`](crate::trust::HeaderTrust)). A replay strips it
+/// and signs its copy anew.
+pub const SIGNATURE: &str = "x-rabbitkit-signature";
+
 /// Headers that describe a failure; a replay strips them.
 pub const FAILURE_HEADERS: &[&str] = &[
     ERROR_KIND,
@@ -80,6 +85,7 @@ pub const FAILURE_HEADERS: &[&str] = &[
     ATTEMPT,
     REQUEUES,
     UNPUBLISHABLE,
+    SIGNATURE,
     HEADERS_DROPPED,
     "x-death",
     "x-first-death-exchange",

@@ -32,6 +32,7 @@ pub mod subscriber;
 pub mod testing;
 pub mod topology;
 mod trim;
+pub mod trust;
 pub mod worker;
 
 pub use coalesce::AckCoalescing;
@@ -52,6 +53,7 @@ pub use signal::shutdown_signal;
 pub use stats::SubscriberStats;
 pub use subscriber::{IntoSubscriber, Subscriber};
 pub use topology::{QueueType, Topology, TopologyMode, TopologyReport};
+pub use trust::{HeaderKeys, HeaderTrust};
 pub use worker::{Worker, WorkerHandle, WorkerReport};
 
 /// AMQP types rabbitkit deliberately re-exports from lapin (properties and header values).

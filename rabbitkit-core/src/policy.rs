@@ -11,7 +11,9 @@ pub enum AckPolicy {
     #[default]
     Auto,
     /// The handler settles through a [`Settle`](crate::Settle) handle (for handlers that
-    /// commit to a database first). Returning without settling applies the fallback.
+    /// commit to a database first). A clean return without settling applies the fallback;
+    /// a failure without a settlement (a decode rejection, a panic, a deadline overrun, an
+    /// error) is decided as in `Auto`: poison parks at once, the rest is retried or parked.
     Manual,
     /// Errors are nacked without requeue: the broker dead-letters them to the parking queue
     /// (no evidence headers, `x-death` reason `rejected`). Explicit outcomes are honoured.
@@ -21,16 +23,22 @@ pub enum AckPolicy {
     AckFirst,
 }
 
-/// What happens when a manual-mode handler returns without settling.
+/// What happens when a manual-mode handler returns cleanly (`Ok`) without settling.
+///
+/// Only a clean return reaches the fallback: a handler that failed without settling (its
+/// payload did not decode, it panicked, overran its deadline or returned an error) gets the
+/// auto decision (park at once, or retry then park), whatever the fallback says, so no
+/// fallback acks a message its handler did not process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ManualFallback {
     /// Nack with requeue and log a warning (the default): never a leaked unacked message.
     #[default]
     NackRequeue,
-    /// Apply the `Auto` policy to what the handler returned.
+    /// What `Auto` does with a clean return: ack. Kept for configurations that name it;
+    /// the same as `Ack` since failures always take the auto decision.
     Auto,
-    /// Ack anyway.
+    /// Ack: the handler ran to its end and chose to leave the message settled.
     Ack,
     /// Nack without requeue (dead-lettered to parking).
     Reject,

@@ -25,10 +25,8 @@ const CAPACITY: usize = 10_000;
 /// A message's identity for counting: its message id and body, hashed.
 pub(crate) type Key = u64;
 
-/// The key of messages without a message id: not counted here. Distinct messages without
-/// an id and with the same body (an external producer's `ping`) cannot be told apart, and
-/// one shared count would park a message that was never requeued itself. Only the broker's
-/// own counts (quorum queues) bound their requeues.
+/// A key no message has: [`Requeues`] ignores it. Every delivered message gets a real key
+/// (see [`Requeues::key`]); the sentinel stays for callers that have nothing to count.
 pub(crate) const UNCOUNTED: Key = 0;
 
 /// What the broker counted for this message, when it counts: `x-delivery-count` (quorum
@@ -72,18 +70,30 @@ impl std::fmt::Debug for Requeues {
 }
 
 impl Requeues {
-    /// The identity of a delivered message: producers that reuse message ids still get
-    /// one count per distinct message (the body is part of the key). [`UNCOUNTED`]
-    /// without an id.
-    pub(crate) fn key(&self, properties: &BasicProperties, body: &[u8]) -> Key {
-        let Some(id) = properties.message_id().as_ref().map(|s| s.as_str()) else {
-            return UNCOUNTED;
-        };
-        if id.is_empty() {
-            return UNCOUNTED;
-        }
+    /// The identity of a delivered message: its message id and body, so producers that
+    /// reuse message ids still get one count per distinct message. A message without an id
+    /// is known by its body, exchange and routing key: distinct messages that share all
+    /// three (an external producer's `ping`) share one count while both are being
+    /// requeued, which can park one of them early, at the requeue limit, with its body and
+    /// the reason; not counting them let such a message loop for ever on a classic queue.
+    pub(crate) fn key(
+        &self,
+        properties: &BasicProperties,
+        body: &[u8],
+        route: (&str, &str),
+    ) -> Key {
         let mut h = self.seed.build_hasher();
-        id.hash(&mut h);
+        match properties.message_id().as_ref().map(|s| s.as_str()) {
+            Some(id) if !id.is_empty() => {
+                1u8.hash(&mut h);
+                id.hash(&mut h);
+            }
+            _ => {
+                2u8.hash(&mut h);
+                route.0.hash(&mut h);
+                route.1.hash(&mut h);
+            }
+        }
         body.hash(&mut h);
         // A real message never shares the sentinel.
         h.finish().max(1)
@@ -142,25 +152,35 @@ mod tests {
     use lapin::types::{AMQPValue, FieldTable};
 
     #[test]
-    fn messages_without_an_id_are_not_counted_here() {
+    fn messages_without_an_id_are_counted_by_content_and_route() {
         let r = Requeues::default();
         let none = BasicProperties::default();
         let empty = BasicProperties::default().with_message_id("".into());
         for p in [&none, &empty] {
-            let k = r.key(p, b"ping");
-            assert_eq!(k, UNCOUNTED);
+            let k = r.key(p, b"poison", ("shop", "order.created"));
+            assert_ne!(k, UNCOUNTED, "a message without an id must be counted");
+            assert_eq!(k, r.key(p, b"poison", ("shop", "order.created")));
+            assert_ne!(k, r.key(p, b"other", ("shop", "order.created")));
+            assert_ne!(k, r.key(p, b"poison", ("shop", "order.paid")));
             r.bump(k, 0);
             r.bump(k, 0);
-            assert_eq!(r.get(k), 0, "two distinct pings must not share a count");
+            assert_eq!(r.get(k), 2, "requeues of a message without an id add up");
+            r.forget(k);
         }
+        let with_id = BasicProperties::default().with_message_id("poison".into());
+        assert_ne!(
+            r.key(&with_id, b"x", ("", "q")),
+            r.key(&none, b"x", ("", "q")),
+            "an id never collides with a route-keyed message by construction"
+        );
     }
 
     #[test]
     fn counts_grow_and_are_forgotten() {
         let r = Requeues::default();
         let p = BasicProperties::default().with_message_id("m".into());
-        let (a, b) = (r.key(&p, b"a"), r.key(&p, b"b"));
-        assert_eq!(a, r.key(&p, b"a"), "one message, one key");
+        let (a, b) = (r.key(&p, b"a", ("", "q")), r.key(&p, b"b", ("", "q")));
+        assert_eq!(a, r.key(&p, b"a", ("", "q")), "one message, one key");
         assert_ne!(a, b, "one id, two bodies: two messages");
         r.bump(a, 0);
         r.bump(a, 0);

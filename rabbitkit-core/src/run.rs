@@ -166,11 +166,11 @@ impl Runner {
             (Some(o), Some(s)) => {
                 if s.claim() {
                     // Nothing settled through the handle, whatever the handler said:
-                    // `Settled` without a settlement is unsettled too (the fallback
-                    // applies, never a silent leak).
+                    // `Settled` without a settlement is a clean return too (the fallback
+                    // applies, never a silent leak); failures take the auto decision.
                     Counters::inc(&self.counters.unsettled);
                     let o = if matches!(o, Outcome::Settled) {
-                        Outcome::Requeue
+                        Outcome::Ack
                     } else {
                         o
                     };

@@ -4,8 +4,10 @@
 //! `Confirmed`. Returned, nacked, timed out or failed copies leave the original unacked: it is
 //! nacked with requeue after a backoff that grows with consecutive failures (so a broken
 //! tier does not become a hot loop), and a warning and a counter say so. Requeues asked for by
-//! the handler (`Outcome::Requeue`, the manual fallback) back off the same way from the
-//! second one in a row (100 ms, doubling, capped at 5 s; reset by any ack).
+//! the handler (`Outcome::Requeue`, the manual fallback) back off per message: a message's
+//! second requeue waits 100 ms, doubling with each further one, capped at 5 s. Other
+//! messages' acks do not reset it, so a message requeued again and again is paced however
+//! busy the subscriber is, until the requeue limit parks it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,9 +28,6 @@ pub(crate) struct Settler {
     pub(crate) publisher: Publisher,
     pub(crate) counters: Arc<Counters>,
     consecutive_failures: AtomicU32,
-    /// Requeues since the last ack: a handler (or a manual fallback) that requeues every
-    /// delivery would otherwise spin the broker and the worker in a hot loop.
-    requeue_streak: AtomicU32,
     max_backoff: Duration,
     /// Requeues per message, so a message requeued again and again is parked at the limit.
     pub(crate) requeues: crate::requeues::Requeues,
@@ -115,7 +114,6 @@ impl Settler {
             publisher,
             counters,
             consecutive_failures: AtomicU32::new(0),
-            requeue_streak: AtomicU32::new(0),
             requeues: crate::requeues::Requeues::default(),
             max_backoff: Duration::from_secs(5),
             hard_stop,
@@ -142,13 +140,7 @@ impl Settler {
         match decision {
             Decision::Nothing => SettleReport::Nothing,
             Decision::Ack => self.ack(original, SettleReport::Acked).await,
-            Decision::Requeue => {
-                let streak = self.requeue_streak.fetch_add(1, Ordering::Relaxed);
-                if streak > 0 {
-                    self.pause(backoff(streak, self.max_backoff)).await;
-                }
-                self.nack(original, true).await
-            }
+            Decision::Requeue => self.nack(original, true).await,
             Decision::Reject => self.nack(original, false).await,
             // Boxed: publishing a copy is the largest state of a settlement (about 3 KiB),
             // and every delivery's pipeline would otherwise carry it, successes included.
@@ -288,6 +280,12 @@ impl Settler {
         seen: u32,
     ) -> SettleReport {
         if matches!(decision, Decision::Requeue) {
+            // This message's own requeues pace it: the second waits, and each further one
+            // longer, whatever happens to the subscriber's other messages.
+            let before = self.requeues.get(key).max(seen);
+            if before > 0 {
+                self.pause(backoff(before, self.max_backoff)).await;
+            }
             // Counted before the nack: the broker may redeliver before `execute` returns.
             // A nack that finds its channel gone still brings the message back: it counts.
             self.requeues.bump(key, seen);
@@ -312,7 +310,6 @@ impl Settler {
             return self.lost(None);
         }
         if original.hold() {
-            self.requeue_streak.store(0, Ordering::Relaxed);
             return report;
         }
         // The ack's frame is queued on the first poll (in channel order: the settlement is
@@ -328,15 +325,11 @@ impl Settler {
         let sent = match futures_util::FutureExt::now_or_never(&mut write) {
             Some(sent) => sent,
             None => match original.hand_over(write) {
-                Ok(()) => {
-                    self.requeue_streak.store(0, Ordering::Relaxed);
-                    return report;
-                }
+                Ok(()) => return report,
                 Err(write) => write.await,
             },
         };
         if crate::coalesce::writes::count(&self.counters, sent) {
-            self.requeue_streak.store(0, Ordering::Relaxed);
             report
         } else {
             SettleReport::ChannelGone

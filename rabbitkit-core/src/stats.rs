@@ -69,6 +69,11 @@ macro_rules! counters {
             in_flight_now: AtomicU64,
             /// Handlers cut off at the shutdown deadline (their deliveries requeued).
             pub(crate) stragglers: AtomicU64,
+            /// When these counters were made: the origin of `last_settled`.
+            born: std::time::Instant,
+            /// Milliseconds after `born` when a delivery last finished (settled, or handed
+            /// back): what tells a stalled subscriber from a busy one.
+            last_settled: AtomicU64,
             /// The work queue (span attributes).
             #[cfg_attr(not(feature = "otel"), allow(dead_code))]
             pub(crate) queue: String,
@@ -108,6 +113,8 @@ macro_rules! counters {
                     }),
                     in_flight_now: AtomicU64::new(0),
                     stragglers: AtomicU64::new(0),
+                    born: std::time::Instant::now(),
+                    last_settled: AtomicU64::new(0),
                     queue: labels.queue.clone(),
                 }
             }
@@ -148,6 +155,9 @@ counters! {
     timeouts,
     /// Manual handlers that returned without settling.
     unsettled,
+    /// Deliveries whose own attempt or route headers were ignored: unsigned (and not from a
+    /// delay tier) or badly signed ([`HeaderTrust`](crate::trust::HeaderTrust)).
+    untrusted_headers,
 }
 
 /// Gauge: deliveries received and not yet settled, per subscriber.
@@ -177,7 +187,7 @@ pub const PARKING_DEPTH: &str = "rabbitkit_parking_depth";
 /// recorder installed when called.
 pub(crate) fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    let counters: [(&str, &str); 12] = [
+    let counters: [(&str, &str); 13] = [
         ("rabbitkit_consumed_total", "Deliveries received."),
         (
             "rabbitkit_acked_total",
@@ -219,6 +229,10 @@ pub(crate) fn describe() {
         (
             "rabbitkit_unsettled_total",
             "Manual handlers that returned without settling.",
+        ),
+        (
+            "rabbitkit_untrusted_headers_total",
+            "Deliveries whose own attempt or route headers were ignored (unsigned or badly signed).",
         ),
     ];
     for (name, help) in counters {
@@ -297,6 +311,19 @@ impl Counters {
         self.in_flight_now.load(Ordering::Relaxed)
     }
 
+    /// Whether the subscriber consumes nothing: all of its `slots` are taken and no
+    /// delivery has finished for longer than `limit` (handlers that hang, or are stuck
+    /// with no deadline, while the broker holds the rest of the queue back).
+    pub(crate) fn stalled(&self, slots: u64, limit: Duration) -> bool {
+        if self.in_flight_now() < slots.max(1) {
+            return false;
+        }
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_settled.load(Ordering::Relaxed);
+        let limit = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        now.saturating_sub(last) > limit
+    }
+
     /// A parking copy was confirmed.
     pub(crate) fn parked(&self, reason: ParkReason) {
         Self::inc(&self.parked);
@@ -319,6 +346,8 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.in_flight.decrement(1.0);
         self.0.in_flight_now.fetch_sub(1, Ordering::Relaxed);
+        let now = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_settled.fetch_max(now, Ordering::Relaxed);
         self.0
             .process_seconds
             .record(self.1.elapsed().as_secs_f64());

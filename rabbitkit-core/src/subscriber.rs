@@ -18,6 +18,10 @@ use crate::policy::{AckPolicy, ManualFallback};
 use crate::retry::RetryPolicy;
 use crate::topology::{Binding, QueueType, Topology, TopologyMode};
 
+/// The deadline of a handler run when none is set ([`Subscriber::deadline`]): five minutes,
+/// well below the broker's default consumer timeout (30 min).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);
+
 /// The boxed service type subscribers run.
 pub type BoxDeliveryService = BoxCloneService<Delivery, Outcome, BoxError>;
 
@@ -51,7 +55,10 @@ pub struct Subscriber {
     pub(crate) prefetch: u16,
     pub(crate) concurrency: usize,
     pub(crate) concurrency_set: bool,
-    pub(crate) deadline: Option<Duration>,
+    /// The deadline set with [`Subscriber::deadline`]; `None` for the default.
+    deadline: Option<Duration>,
+    /// [`Subscriber::no_deadline`] was called.
+    no_deadline: bool,
     pub(crate) consumer_timeout: Option<Duration>,
     pub(crate) ack_coalescing: Option<AckCoalescing>,
     pub(crate) service: BoxDeliveryService,
@@ -73,7 +80,7 @@ impl std::fmt::Debug for Subscriber {
             .field("retry", &self.retry)
             .field("prefetch", &self.prefetch)
             .field("concurrency", &self.concurrency)
-            .field("deadline", &self.deadline)
+            .field("deadline", &self.effective_deadline())
             .field("consumer_timeout", &self.consumer_timeout)
             .field("ack_coalescing", &self.ack_coalescing)
             .finish_non_exhaustive()
@@ -117,6 +124,7 @@ impl Subscriber {
             concurrency: usize::from(DEFAULT_PREFETCH),
             concurrency_set: false,
             deadline: None,
+            no_deadline: false,
             consumer_timeout: None,
             ack_coalescing: None,
             service: BoxCloneService::new(service.map_err(Into::into)),
@@ -284,11 +292,46 @@ impl Subscriber {
         self
     }
 
-    /// A deadline per handler run; past it the run is a `timeout` failure (retried). Keep
-    /// it well below the broker's consumer timeout (30 min by default).
+    /// A deadline per handler run; past it the run is a `timeout` failure (retried, then
+    /// parked) and its concurrency slot is free again. Keep it well below the broker's
+    /// consumer timeout (30 min by default). Without this call a handler run has
+    /// [`DEFAULT_DEADLINE`] (or half the [`consumer_timeout`](Self::consumer_timeout) when
+    /// that is shorter): a handler that hangs would otherwise hold its slot until the
+    /// broker's consumer timeout, and each redelivery would hang the next slot.
     pub fn deadline(mut self, d: Duration) -> Self {
         self.deadline = Some(d);
+        self.no_deadline = false;
         self
+    }
+
+    /// No deadline at all: a handler run may take as long as it likes. A hanging handler
+    /// then holds its concurrency slot until the channel dies; the worker says so at start
+    /// (a warning naming the subscriber), and `/readyz` reports a subscriber that consumes
+    /// nothing while messages wait.
+    pub fn no_deadline(mut self) -> Self {
+        self.deadline = None;
+        self.no_deadline = true;
+        self
+    }
+
+    /// The deadline a handler run gets: the one set, the default, or `None` after
+    /// [`no_deadline`](Self::no_deadline).
+    pub fn effective_deadline(&self) -> Option<Duration> {
+        if self.no_deadline {
+            return None;
+        }
+        Some(
+            self.deadline
+                .unwrap_or_else(|| match self.consumer_timeout {
+                    Some(ct) => DEFAULT_DEADLINE.min(ct / 2).max(Duration::from_millis(1)),
+                    None => DEFAULT_DEADLINE,
+                }),
+        )
+    }
+
+    /// Whether [`no_deadline`](Self::no_deadline) was asked for.
+    pub fn has_no_deadline(&self) -> bool {
+        self.no_deadline
     }
 
     /// The broker's consumer timeout for this subscriber's consumer, sent as the
@@ -442,6 +485,7 @@ impl Subscriber {
             policy: self.policy,
             fallback: self.fallback,
             requeue_limit: self.requeue_limit,
+            trust: crate::trust::HeaderTrust::default(),
         }
     }
 
@@ -493,6 +537,31 @@ mod tests {
         assert!(manual.validate().is_ok(), "{:?}", manual.validate());
         // Defaults are never refused.
         assert!(sub().validate().is_ok());
+    }
+
+    #[test]
+    fn a_handler_run_has_a_deadline_unless_one_is_refused_explicitly() {
+        let s = || Subscriber::new("q", || async {});
+        assert_eq!(s().effective_deadline(), Some(DEFAULT_DEADLINE));
+        assert_eq!(
+            s().consumer_timeout(Duration::from_secs(60))
+                .effective_deadline(),
+            Some(Duration::from_secs(30)),
+            "below a shorter consumer timeout"
+        );
+        assert_eq!(
+            s().deadline(Duration::from_secs(9)).effective_deadline(),
+            Some(Duration::from_secs(9))
+        );
+        let none = s().no_deadline();
+        assert_eq!(none.effective_deadline(), None);
+        assert!(none.has_no_deadline());
+        assert_eq!(
+            s().no_deadline()
+                .deadline(Duration::from_secs(2))
+                .effective_deadline(),
+            Some(Duration::from_secs(2))
+        );
     }
 
     #[test]

@@ -55,15 +55,15 @@
 
 pub use rabbitkit_core::{
     AckCoalescing, AckPolicy, BoxError, Classify, ConnectionConfig, DefaultClassifier, Delivery,
-    Envelope, Error, ErrorClass, Failure, IntoOutcome, IntoSubscriber, ManualFallback, Outcome,
-    ParkedMessage, Parking, PendingConfirm, Permanent, PublishOutcome, Publisher, PublisherConfig,
-    PublisherStats, QueueType, ReplayOptions, ReplayReport, Result, RetryPolicy, Settle,
-    SettleReport, Subscriber, SubscriberStats, TlsConfig, Topology, TopologyMode, Worker,
-    WorkerHandle, WorkerReport, shutdown_signal,
+    Envelope, Error, ErrorClass, Failure, HeaderKeys, HeaderTrust, IntoOutcome, IntoSubscriber,
+    ManualFallback, Outcome, ParkedMessage, Parking, PendingConfirm, Permanent, PublishOutcome,
+    Publisher, PublisherConfig, PublisherStats, QueueType, ReplayOptions, ReplayReport, Result,
+    RetryPolicy, Settle, SettleReport, Subscriber, SubscriberStats, TlsConfig, Topology,
+    TopologyMode, Worker, WorkerHandle, WorkerReport, shutdown_signal,
 };
 pub use rabbitkit_core::{
     amqp, coalesce, config, decide, extract, handler, headers, idempotency, kind, observe, parking,
-    retry, topology, worker,
+    retry, topology, trust, worker,
 };
 
 #[cfg(feature = "cli")]

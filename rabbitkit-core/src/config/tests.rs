@@ -130,7 +130,10 @@ fn defaults_are_the_builders() {
         (s.policy, s.fallback, s.mode),
         (plain.policy, plain.fallback, plain.mode)
     );
-    assert_eq!(s.deadline, None);
+    assert_eq!(
+        s.effective_deadline(),
+        Some(crate::subscriber::DEFAULT_DEADLINE)
+    );
     assert_eq!(s.ack_coalescing, None, "ack coalescing is off by default");
 }
 
@@ -220,7 +223,7 @@ jitter = true
     assert_eq!(s.policy, AckPolicy::Manual);
     assert_eq!(s.fallback, ManualFallback::Reject);
     assert_eq!(s.requeue_limit, 4);
-    assert_eq!(s.deadline, Some(Duration::from_secs(2)));
+    assert_eq!(s.effective_deadline(), Some(Duration::from_secs(2)));
     assert_eq!(
         s.ack_coalescing,
         Some(crate::AckCoalescing::new(6, Duration::from_millis(3)))

@@ -39,6 +39,7 @@ pub struct Parking {
     parking_queue: String,
     connector: Connector,
     publisher: Publisher,
+    trust: crate::trust::HeaderTrust,
 }
 
 /// A parked message and what its headers say about why it was parked.
@@ -231,12 +232,23 @@ fn first_death_routing_key(h: Option<&FieldTable>) -> Option<String> {
 impl Parking {
     /// Access to the parking queue of `work_queue` (`{work_queue}.parking`). Opens its own
     /// connection lazily and a confirmed publisher for replays.
+    ///
+    /// Replayed copies keep the original route in rabbitkit's headers, which workers
+    /// believe only when signed: the copies are signed with the keys in
+    /// `RABBITKIT_HEADER_KEY` (and `RABBITKIT_HEADER_KEY_PREVIOUS`), the workers' own, or
+    /// those given to [`Parking::header_trust`]. Fails when a key there is too short.
     pub fn new(connection: ConnectionConfig, work_queue: impl Into<String>) -> Result<Self> {
         let work_queue = work_queue.into();
         let parking_queue = retry::parking_queue(&work_queue);
         crate::names::check("work queue", &work_queue)?;
         crate::names::check("parking queue", &parking_queue)?;
+        let trust = match crate::trust::HeaderKeys::from_env() {
+            Ok(Some(keys)) => crate::trust::HeaderTrust::signed(keys),
+            Ok(None) => crate::trust::HeaderTrust::default(),
+            Err(e) => return Err(Error::Config(e.to_string())),
+        };
         Ok(Self {
+            trust,
             connector: Connector::new(
                 connection.clone(),
                 format!("rabbitkit-parking {work_queue}"),
@@ -245,6 +257,13 @@ impl Parking {
             work_queue,
             parking_queue,
         })
+    }
+
+    /// Signs replayed copies' route headers with these keys (instead of the environment's).
+    #[must_use]
+    pub fn header_trust(mut self, trust: crate::trust::HeaderTrust) -> Self {
+        self.trust = trust;
+        self
     }
 
     /// The parking queue's name.

@@ -99,10 +99,11 @@ impl TestKit {
         if let Err(e) = s.validate() {
             panic!("TestKit: Worker::start would refuse this subscriber: {e}");
         }
+        let deadline = s.effective_deadline();
         Self {
             spec: Arc::new(s.settle_spec()),
             service: Mutex::new(s.service),
-            deadline: s.deadline,
+            deadline,
             worker_state: Extensions::default(),
             subscriber_state: s.extensions,
         }

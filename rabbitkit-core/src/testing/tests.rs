@@ -191,6 +191,80 @@ async fn manual_settle_is_recorded_and_unsettled_gets_the_fallback() {
     assert!(s.is_reject(), "{s}");
 }
 
+/// A manual-mode handler that never settles: what reaches the policy is how it failed.
+fn manual_unsettled(fallback: ManualFallback) -> Subscriber {
+    Subscriber::new(
+        "ledger",
+        |_settle: Settle, Json(o): Json<Order>| async move {
+            match o.id {
+                0 => Err(Permanent::new("no such account").into()),
+                1 => Err::<(), BoxError>("db down".into()),
+                7 => panic!("ledger invariant broken"),
+                9 => {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        },
+    )
+    .ack_policy(AckPolicy::Manual)
+    .manual_fallback(fallback)
+    .deadline(Duration::from_secs(1))
+    .retry(RetryPolicy::new([FIVE, THIRTY]).max_attempts(3))
+}
+
+#[tokio::test(start_paused = true)]
+async fn manual_mode_parks_poison_and_retries_panics_whatever_the_fallback() {
+    for fallback in [
+        ManualFallback::NackRequeue,
+        ManualFallback::Ack,
+        ManualFallback::Auto,
+        ManualFallback::Reject,
+    ] {
+        let kit = TestKit::new(manual_unsettled(fallback));
+        let poison = kit.run(TestDelivery::new("not json")).await;
+        assert!(
+            poison.is_parked_with(ParkReason::Decode),
+            "{fallback:?}: poison must park as decode: {poison}"
+        );
+        let panicked = kit.run(json(7)).await;
+        assert!(panicked.is_retry_after(FIVE), "{fallback:?}: {panicked}");
+        assert_eq!(panicked.failure().map(|f| f.kind.as_ref()), Some("panic"));
+        let last_panic = kit.run(json(7).attempt(3)).await;
+        assert!(
+            last_panic.is_parked_with(ParkReason::MaxAttempts),
+            "{fallback:?}: {last_panic}"
+        );
+        let overran = kit.run(json(9)).await;
+        assert!(overran.is_retry(), "{fallback:?}: {overran}");
+        assert_eq!(overran.failure().map(|f| f.kind.as_ref()), Some("timeout"));
+        let failed = kit.run(json(1)).await;
+        assert!(failed.is_retry_after(FIVE), "{fallback:?}: {failed}");
+        let permanent = kit.run(json(0)).await;
+        assert!(
+            permanent.is_parked_with(ParkReason::Permanent),
+            "{fallback:?}: {permanent}"
+        );
+        for s in [&poison, &panicked, &overran, &failed, &permanent] {
+            assert!(
+                !s.is_ack(),
+                "{fallback:?}: a failure must never be acked: {s}"
+            );
+            assert_eq!(s.settled_by(), SettledBy::Fallback);
+        }
+    }
+}
+
+#[tokio::test]
+async fn manual_mode_fallback_applies_to_a_clean_return_only() {
+    let clean = |f| async move { TestKit::new(manual_unsettled(f)).run(json(2)).await };
+    assert!(clean(ManualFallback::NackRequeue).await.is_requeue());
+    assert!(clean(ManualFallback::Ack).await.is_ack());
+    assert!(clean(ManualFallback::Auto).await.is_ack());
+    assert!(clean(ManualFallback::Reject).await.is_reject());
+}
+
 #[tokio::test]
 async fn other_policies_and_a_tower_service() {
     let failing = || Subscriber::new("orders", || async { Err::<(), BoxError>("x".into()) });

@@ -35,6 +35,8 @@ pub(super) struct WorkerParts {
     pub(super) deadline: Duration,
     /// How `process` spans relate to the producer's trace context.
     pub(super) trace_context: crate::observe::TraceContext,
+    /// Signs copies' own headers and judges deliveries'.
+    pub(super) trust: crate::trust::HeaderTrust,
 }
 
 /// One subscriber's own parts: the subscriber, its state, counters and readiness flag.
@@ -83,13 +85,16 @@ impl SubscriberTask {
             ready,
         } = own;
         let hard_stop = worker.hard_stop.clone();
-        let spec = Arc::new(s.settle_spec());
+        let spec = Arc::new(crate::decide::SettleSpec {
+            trust: worker.trust.clone(),
+            ..s.settle_spec()
+        });
         let topology = s.full_topology();
         let pipeline = Arc::new(Pipeline {
             runner: Runner {
                 spec,
                 service: std::sync::Mutex::new(s.service.clone()),
-                deadline: s.deadline,
+                deadline: s.effective_deadline(),
                 counters: counters.clone(),
             },
             settler: Arc::new({
@@ -171,20 +176,49 @@ impl SubscriberTask {
             // Every handler of this channel holds a clone; `recv` returns None once they
             // have all settled (the channel's delivery tags are only ever used on it).
             let (in_flight, mut settled) = tokio::sync::mpsc::channel::<()>(1);
+            // Flips when this channel is lost: its handlers are cut off (their deliveries
+            // come back from the broker), so their concurrency slots serve the new channel
+            // instead of handlers whose settlement can no longer reach the broker.
+            let (lost_tx, lost) = watch::channel(false);
+            // Deliveries taken from the consumer while every slot was busy (at most the
+            // prefetch: the broker sends no more unacked ones).
+            let mut pending = std::collections::VecDeque::new();
             let end = loop {
-                let permit = tokio::select! {
-                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break End::Stop },
-                    _ = self.stop.changed() => break End::Stop,
+                // A slot, while the consumer is still watched: a channel that dies while
+                // every slot is taken (handlers that hang) ends this loop, which cuts those
+                // handlers off, instead of waiting for slots that are never given back.
+                let permit = loop {
+                    tokio::select! {
+                        biased;
+                        p = permits.clone().acquire_owned() => break p.map_err(|_| End::Stop),
+                        _ = self.stop.changed() => break Err(End::Stop),
+                        item = consumer.next() => match item {
+                            Some(Ok(delivery)) => pending.push_back(delivery),
+                            Some(Err(e)) => {
+                                tracing::warn!(%queue, %node, error = %e, "consumer failed; rebuilding the channel");
+                                break Err(End::ChannelLost);
+                            }
+                            None => break Err(End::Cancelled),
+                        },
+                    }
                 };
-                let item = tokio::select! {
-                    item = consumer.next() => item,
-                    _ = self.stop.changed() => break End::Stop,
+                let permit = match permit {
+                    Ok(p) => p,
+                    Err(end) => break end,
+                };
+                let item = match pending.pop_front() {
+                    Some(delivery) => Some(Ok(delivery)),
+                    None => tokio::select! {
+                        item = consumer.next() => item,
+                        _ = self.stop.changed() => break End::Stop,
+                    },
                 };
                 match item {
                     Some(Ok(delivery)) => {
                         let p = self.pipeline.clone();
                         let on = settling.on.clone();
                         let token = in_flight.clone();
+                        let lost = lost.clone();
                         // Registered in tag order, before any pipeline can settle it.
                         on.register(delivery.delivery_tag);
                         // Boxed: the pipeline's future is about 4.4 KiB, and the runtime
@@ -192,7 +226,7 @@ impl SubscriberTask {
                         // its task cell is as large (the profile found three such copies
                         // per delivery, docs/PROFILE.md); a box is moved as a pointer.
                         tokio::spawn(Box::pin(async move {
-                            p.process(delivery, on).await;
+                            p.process(delivery, on, lost).await;
                             drop(permit);
                             drop(token);
                         }));
@@ -224,9 +258,11 @@ impl SubscriberTask {
                     return;
                 }
                 End::ChannelLost => {
-                    // In-flight handlers of the dead channel find it gone when they settle
-                    // and count it; their deliveries come back from the broker. So do the
-                    // held acks (counted `ack_lost` by the flush that finds the channel gone).
+                    // In-flight handlers of the dead channel are cut off and find it gone
+                    // when they settle, and count it; their deliveries come back from the
+                    // broker. So do the held acks (counted `ack_lost` by the flush that
+                    // finds the channel gone).
+                    let _ = lost_tx.send(true);
                     settling.finish().await;
                     drop(consumer);
                     drop(channel);

@@ -50,6 +50,7 @@ pub struct Worker {
     pub(crate) http: Option<std::net::SocketAddr>,
     pub(crate) parking_depth: Option<Duration>,
     trace_context: crate::observe::TraceContext,
+    header_trust: Option<crate::trust::HeaderTrust>,
 }
 
 impl Worker {
@@ -65,7 +66,20 @@ impl Worker {
             http: None,
             parking_depth: None,
             trace_context: crate::observe::TraceContext::default(),
+            header_trust: None,
         }
+    }
+
+    /// How rabbitkit's own attempt and route headers are signed and checked
+    /// ([`HeaderTrust`](crate::trust::HeaderTrust)). Without this call the worker reads its
+    /// keys from `RABBITKIT_HEADER_KEY` (and `RABBITKIT_HEADER_KEY_PREVIOUS`), refuses to
+    /// start when one is shorter than 16 bytes, and without a key warns at start: then
+    /// own headers are believed only on copies that `x-death` says left one of the queue's
+    /// delay tiers, which a producer able to publish into a tier, or to set `x-death`
+    /// (RabbitMQ 3.10-3.13), can still forge.
+    pub fn header_trust(mut self, trust: crate::trust::HeaderTrust) -> Self {
+        self.header_trust = Some(trust);
+        self
     }
 
     /// Polls the depth of every subscriber's parking queue each `every` (a passive declare
@@ -210,6 +224,20 @@ impl Worker {
             // at-most-once: say so, with the command that moves them.
             topology.warn_legacy_tiers(&conn.conn).await;
         }
+        let trust = match self.header_trust.clone() {
+            Some(t) => t,
+            None => match crate::trust::HeaderKeys::from_env() {
+                Ok(Some(keys)) => crate::trust::HeaderTrust::signed(keys),
+                Ok(None) => {
+                    tracing::warn!(
+                        "{} is not set: rabbitkit's attempt and route headers are not signed, and are believed on copies that x-death says left a delay tier (forgeable by a producer that can publish into a tier); see docs/GUARANTEES.md",
+                        crate::trust::KEY_ENV
+                    );
+                    crate::trust::HeaderTrust::default()
+                }
+                Err(e) => return Err(Error::Config(e.to_string())),
+            },
+        };
         let (stop_tx, stop) = watch::channel(false);
         let (hard_tx, hard_stop) = watch::channel(false);
         let parts = consume::WorkerParts {
@@ -219,6 +247,7 @@ impl Worker {
             hard_stop,
             deadline: self.shutdown_deadline,
             trace_context: self.trace_context,
+            trust,
         };
         let mut tasks = Vec::new();
         let mut stats = HashMap::new();
@@ -237,7 +266,20 @@ impl Worker {
             }));
             let is_ready = Arc::new(AtomicBool::new(false));
             stats.insert(s.name.clone(), counters.clone());
-            ready.push(is_ready.clone());
+            if s.has_no_deadline() {
+                tracing::warn!(
+                    subscriber = %s.name,
+                    queue = %s.topology.queue,
+                    "this subscriber's handlers have no deadline: one that hangs holds its slot until the channel dies (/readyz reports a subscriber whose slots are all stuck)"
+                );
+            }
+            ready.push(Consuming {
+                flag: is_ready.clone(),
+                counters: counters.clone(),
+                slots: u64::try_from(s.concurrency.min(usize::from(s.prefetch)))
+                    .unwrap_or(u64::MAX),
+                stall_limit: stall_limit(s.effective_deadline()),
+            });
             let mut ext = self.extensions.clone();
             ext.insert(publisher.clone());
             ext.extend(std::mem::take(&mut s.extensions));
@@ -296,14 +338,40 @@ impl Worker {
 struct Readiness {
     /// Set when shutdown starts (`/readyz` turns 503).
     stopping: AtomicBool,
-    /// One flag per subscriber: connected and consuming.
-    consuming: Vec<Arc<AtomicBool>>,
+    /// One per subscriber.
+    consuming: Vec<Consuming>,
+}
+
+/// How long a subscriber whose slots are all taken may go without finishing a delivery
+/// before it counts as stalled: twice the handler deadline (the default one without a
+/// deadline) and 5 s, room for the settlement that follows a deadline (a copy's confirm).
+fn stall_limit(deadline: Option<Duration>) -> Duration {
+    deadline
+        .unwrap_or(crate::subscriber::DEFAULT_DEADLINE)
+        .saturating_mul(2)
+        .saturating_add(Duration::from_secs(5))
+}
+
+/// What tells whether one subscriber consumes.
+#[derive(Debug)]
+struct Consuming {
+    /// Connected and subscribed.
+    flag: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    /// Its concurrency (at most its prefetch).
+    slots: u64,
+    /// See [`stall_limit`].
+    stall_limit: Duration,
 }
 
 impl Readiness {
+    /// Ready: not stopping, and every subscriber subscribed and not stalled (all its slots
+    /// taken and nothing finished for longer than [`stall_limit`]).
     fn is_ready(&self) -> bool {
         !self.stopping.load(Ordering::Acquire)
-            && self.consuming.iter().all(|r| r.load(Ordering::Acquire))
+            && self.consuming.iter().all(|c| {
+                c.flag.load(Ordering::Acquire) && !c.counters.stalled(c.slots, c.stall_limit)
+            })
     }
 }
 
@@ -360,6 +428,9 @@ impl WorkerHandle {
     }
 
     /// True when every subscriber is connected and consuming, and shutdown has not started.
+    /// A subscriber whose concurrency slots are all taken by handlers that have finished
+    /// nothing for longer than twice their deadline and 5 s (hung handlers) is not
+    /// consuming.
     pub fn is_ready(&self) -> bool {
         self.running
             .as_ref()

@@ -141,7 +141,14 @@ impl SettleSink for RuntimeSink {
 impl Pipeline {
     /// Runs one delivery to its settlement on `on`, the channel it came from (the consume
     /// loop registered its tag with the channel's ledger, if acks are coalesced).
-    pub(super) async fn process(&self, raw: lapin::message::Delivery, on: Arc<OnChannel>) {
+    /// `lost` flips when the channel is lost: the handler is then cut off, as at the
+    /// shutdown deadline (the broker redelivers the message).
+    pub(super) async fn process(
+        &self,
+        raw: lapin::message::Delivery,
+        on: Arc<OnChannel>,
+        mut lost: watch::Receiver<bool>,
+    ) {
         let spec = &self.runner.spec;
         let c = &self.runner.counters;
         Counters::inc(&c.consumed);
@@ -181,18 +188,30 @@ impl Pipeline {
                 }
             }
         }
-        let key = self.settler.requeues.key(&properties, &data);
+        let key = self.settler.requeues.key(
+            &properties,
+            &data,
+            (exchange.as_str(), routing_key.as_str()),
+        );
         let requeues = self
             .settler
             .requeues
             .get(key)
             .max(crate::requeues::broker_count(&properties));
-        let builder = Delivery::builder(spec.queue.clone(), data)
+        let verdict = spec
+            .trust
+            .judge(properties.headers().as_ref(), &data, &spec.queue);
+        let mut builder = Delivery::builder(spec.queue.clone(), data)
             .requeues(requeues)
             .route(exchange.as_str(), routing_key.as_str())
             .redelivered(redelivered)
-            .properties(properties)
             .extensions(self.extensions.clone());
+        if !verdict.trusted() {
+            // Logged below with the attempt header's other problems.
+            Counters::inc(&c.untrusted_headers);
+            builder = builder.ignore_own_headers(verdict.as_str());
+        }
+        let builder = builder.properties(properties);
         let (delivery, manual) = self.runner.delivery(builder, || {
             Arc::new(RuntimeSink {
                 spec: spec.clone(),
@@ -218,12 +237,24 @@ impl Pipeline {
         async {
             let mut hard = self.hard_stop.clone();
             let started = std::time::Instant::now();
+            let mut channel_lost = false;
             let outcome = tokio::select! {
                 o = self.runner.run(&delivery) => Some(o),
                 _ = hard.wait_for(|v| *v) => None,
+                _ = lost.wait_for(|v| *v) => {
+                    channel_lost = true;
+                    None
+                }
             };
             c.handler_ran(started.elapsed());
-            if outcome.is_none() {
+            if channel_lost {
+                tracing::info!(
+                    handler = %spec.handler,
+                    queue = %spec.queue,
+                    message_id = delivery.message_id().unwrap_or(""),
+                    "handler cut off: its channel is gone and the broker redelivers the message"
+                );
+            } else if outcome.is_none() {
                 c.stragglers
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(
