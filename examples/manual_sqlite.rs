@@ -10,7 +10,10 @@
 //!
 //! It checks both against the broker: a duplicate publish is acked by the layer without
 //! running the handler, and a duplicate whose mark was lost runs the handler, which finds
-//! its row already committed and adds nothing.
+//! its row already committed and adds nothing. Then hostile input: a deposit that is not
+//! JSON is parked at once with reason `decode`, and a deposit that makes the handler panic
+//! is retried once and parked (`max-attempts`, error kind `panic`). Neither is requeued in
+//! a loop nor acked unprocessed, and the ledger is unchanged by them.
 //!
 //! Run with:
 //!
@@ -24,9 +27,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rabbitkit::Failure;
 use rabbitkit::idempotency::{IdempotencyStore, IdempotentLayer, StoreFuture};
 use rabbitkit::prelude::*;
+use rabbitkit::{Failure, Parking};
 use rabbitkit_examples::{check, init_logging, url, wait_for};
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
@@ -96,7 +99,9 @@ static RUNS: AtomicU32 = AtomicU32::new(0);
     exchange = "example",
     routing_key = "deposit.*",
     ack = "manual",
-    concurrency = 1
+    concurrency = 1,
+    retry = ["200ms"],
+    max_attempts = 2
 )]
 async fn record(
     settle: Settle,
@@ -105,6 +110,11 @@ async fn record(
     State(db): State<Db>,
 ) -> Result<(), BoxError> {
     RUNS.fetch_add(1, Ordering::SeqCst);
+    if d.account == "corrupt" {
+        // A bug that only this deposit triggers: the runtime catches the panic and retries
+        // the message, then parks it; the ledger never sees it.
+        panic!("ledger invariant broken by deposit {id:?}");
+    }
     let Some(id) = id else {
         // Without a key there is no idempotency: park it for a human, with the reason.
         settle
@@ -200,7 +210,7 @@ async fn main() -> Result<(), BoxError> {
     // A crash after the ledger commit but before the mark: the id is not in `processed`,
     // so the redelivery runs the handler, and `INSERT OR IGNORE` is what keeps the ledger
     // right. Simulated by forgetting dep-1's mark and publishing dep-1 again.
-    db.with(|c| c.execute("DELETE FROM processed WHERE message_id = 'dep-1'", []))
+    db.with(|c| c.execute("DELETE FROM processed WHERE message_id LIKE 'dep-1#%'", []))
         .await?;
     let again = Deposit {
         account: "acme".into(),
@@ -211,11 +221,68 @@ async fn main() -> Result<(), BoxError> {
         worker.publisher().publish(msg).await?.is_confirmed(),
         "dep-1 published again",
     )?;
-    let stats = wait_for(&worker, record::NAME, Duration::from_secs(30), |s| {
+    wait_for(&worker, record::NAME, Duration::from_secs(30), |s| {
         s.acked >= 5
     })
     .await?;
+    // Hostile input: a body that is not JSON, and a deposit that panics the handler.
+    let poison = Envelope::new("example", "deposit.new", "not json")
+        .content_type("application/json")
+        .message_id("dep-poison");
+    let corrupt = Deposit {
+        account: "corrupt".into(),
+        cents: 1,
+    };
+    for msg in [
+        poison,
+        Envelope::json("example", "deposit.new", &corrupt)?.message_id("dep-corrupt"),
+    ] {
+        check(
+            worker.publisher().publish(msg).await?.is_confirmed(),
+            "hostile deposit published",
+        )?;
+    }
+    // Poison: parked (1 ack); corrupt: retried (1 ack), then parked (1 ack).
+    let stats = wait_for(&worker, record::NAME, Duration::from_secs(30), |s| {
+        s.acked >= 8
+    })
+    .await?;
     worker.shutdown().await;
+    let parking = Parking::new(ConnectionConfig::new(url()), "example.ledger")?;
+    let mut parked: Vec<(Option<String>, Option<String>, Option<String>)> = parking
+        .peek(10)
+        .await?
+        .into_iter()
+        .map(|m| {
+            let id = m.message_id().map(str::to_owned);
+            (id, m.reason, m.error_kind)
+        })
+        .collect();
+    parked.sort();
+    let purged = parking.purge().await?;
+    parking.close().await;
+    println!("parked: {parked:?}");
+    check(
+        parked
+            == vec![
+                (
+                    Some("dep-corrupt".into()),
+                    Some("max-attempts".into()),
+                    Some("panic".into()),
+                ),
+                (
+                    Some("dep-poison".into()),
+                    Some("decode".into()),
+                    Some("decode".into()),
+                ),
+            ]
+            && purged == 2,
+        "poison parked as decode at once, the panicking deposit parked after its retry",
+    )?;
+    check(
+        stats.requeued == 0 && stats.retried == 1 && stats.panics == 2,
+        "nothing requeued in a loop; one retry of the panicking deposit",
+    )?;
     let (rows, total, marks): (i64, i64, i64) = db
         .with(|c| {
             c.query_row(
@@ -230,18 +297,20 @@ async fn main() -> Result<(), BoxError> {
         "counters: {stats:?}; rows: {rows}, total cents: {total}, marks: {marks}, handler runs: {runs}"
     );
     check(
-        stats.acked == 5,
-        "five deliveries acked, each after its commit",
+        stats.acked == 8,
+        "five deposits acked after their commit, three hostile deliveries after their copies",
     )?;
     check(
-        runs == 4,
-        "the unmarked duplicate ran the handler, which found its row already committed",
+        runs == 6,
+        "the unmarked duplicate ran the handler, which found its row already committed (and the panicking deposit ran twice)",
     )?;
     check(
         rows == 3 && total == 1775,
         "three rows: neither duplicate had a second effect",
     )?;
-    check(marks == 3, "the unmarked duplicate marked dep-1 again")?;
+    // Two marks per processed message (the key, and the id's own mark): see
+    // `idempotency::KeyBy`.
+    check(marks == 6, "the unmarked duplicate marked dep-1 again")?;
     let _ = std::fs::remove_file(&path);
     Ok(())
 }

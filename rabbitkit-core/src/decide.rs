@@ -388,7 +388,7 @@ fn copy(
 ) -> Envelope {
     let o = d.properties();
     // Signed last, over what the copy carries: its attempt and original route.
-    spec.trust.seal(&mut headers, d.body());
+    spec.trust.sign(&mut headers, d.body());
     let mut p = BasicProperties::default()
         .with_delivery_mode(2)
         .with_headers(headers);

@@ -320,8 +320,11 @@ impl HeaderTrust {
         }
     }
 
-    /// Adds the signature of `hdrs` (and drops a stale one) when a key is set.
-    pub(crate) fn seal(&self, hdrs: &mut FieldTable, body: &[u8]) {
+    /// Signs `hdrs` as rabbitkit signs its own copies: adds the signature of their attempt
+    /// and original-route headers and of `body` when a key is set, and drops a stale
+    /// signature when none is (for tools that republish a message with rabbitkit's headers,
+    /// and tests that publish what a retry copy would carry).
+    pub fn sign(&self, hdrs: &mut FieldTable, body: &[u8]) {
         match &self.keys {
             Some(keys) => {
                 let sig = keys.sign(hdrs, body);
@@ -387,7 +390,7 @@ mod tests {
     fn signed_headers_are_believed_and_any_change_is_not() {
         let trust = HeaderTrust::signed(keys("0123456789abcdef-current"));
         let mut h = own(3, "order.created");
-        trust.seal(&mut h, b"{}");
+        trust.sign(&mut h, b"{}");
         assert_eq!(trust.judge(Some(&h), b"{}", "orders"), Verdict::Signed);
         // Another body, attempt or route under the same signature: refused.
         assert_eq!(
@@ -419,7 +422,7 @@ mod tests {
     fn another_key_is_refused_and_the_previous_key_still_verifies() {
         let old = HeaderTrust::signed(keys("old-key-0123456789"));
         let mut h = own(2, "k");
-        old.seal(&mut h, b"x");
+        old.sign(&mut h, b"x");
         let other = HeaderTrust::signed(keys("other-key-0123456789"));
         assert_eq!(other.judge(Some(&h), b"x", "q"), Verdict::BadSignature);
         let rotated = HeaderTrust::signed(
@@ -491,9 +494,9 @@ mod tests {
     #[test]
     fn a_key_removed_drops_the_stale_signature() {
         let mut h = own(2, "k");
-        HeaderTrust::signed(keys("0123456789abcdef")).seal(&mut h, b"");
+        HeaderTrust::signed(keys("0123456789abcdef")).sign(&mut h, b"");
         assert!(h.inner().contains_key(headers::SIGNATURE));
-        HeaderTrust::default().seal(&mut h, b"");
+        HeaderTrust::default().sign(&mut h, b"");
         assert!(!h.inner().contains_key(headers::SIGNATURE));
     }
 }

@@ -13,8 +13,8 @@ use rabbitkit_core::extract::Json;
 use rabbitkit_core::headers;
 use rabbitkit_core::testing::{Settlement, TestDelivery, TestKit};
 use rabbitkit_core::{
-    AckPolicy, BoxError, ConnectionConfig, Permanent, RetryPolicy, Settle, Subscriber,
-    SubscriberStats, Worker,
+    AckPolicy, BoxError, ConnectionConfig, HeaderKeys, HeaderTrust, Permanent, RetryPolicy, Settle,
+    Subscriber, SubscriberStats, Worker,
 };
 use rabbitkit_tests::{Broker, Got, Vhost, table, wait_until};
 
@@ -168,12 +168,17 @@ fn properties(c: &Case) -> BasicProperties {
         .with_correlation_id("corr-1".into())
         .with_message_id(format!("m-{}", c.name).into());
     if let Some(n) = c.attempt {
-        p = p.with_headers(table(&[(
-            headers::ATTEMPT,
-            AMQPValue::LongLongInt(i64::from(n)),
-        )]));
+        // As a retry copy carries it: signed, or the runtime would not believe it.
+        let mut h = table(&[(headers::ATTEMPT, AMQPValue::LongLongInt(i64::from(n)))]);
+        trust().sign(&mut h, c.body);
+        p = p.with_headers(h);
     }
     p
+}
+
+/// The key both the kit and the worker sign with.
+fn trust() -> HeaderTrust {
+    HeaderTrust::signed(HeaderKeys::new("parity-test-key-0123456789").unwrap())
 }
 
 fn subscriber(c: &Case) -> Subscriber {
@@ -185,7 +190,10 @@ async fn through_the_kit(c: &Case) -> Settlement {
         .route("shop", routing_key(c))
         // `publish_raw` sends persistent messages.
         .properties(properties(c).with_delivery_mode(2));
-    TestKit::new(subscriber(c)).run(d).await
+    TestKit::new(subscriber(c))
+        .header_trust(trust())
+        .run(d)
+        .await
 }
 
 /// What the runtime did with the case's message, read back from the broker.
@@ -286,7 +294,9 @@ async fn kit_and_runtime_settle_every_case_the_same_way() {
     let broker = Broker::from_env();
     let vh = broker.vhost("parity");
     let cases = cases();
-    let mut worker = Worker::new(ConnectionConfig::new(vh.url())).shutdown_deadline(WAIT);
+    let mut worker = Worker::new(ConnectionConfig::new(vh.url()))
+        .shutdown_deadline(WAIT)
+        .header_trust(trust());
     for c in &cases {
         worker = worker.subscribe(subscriber(c));
     }

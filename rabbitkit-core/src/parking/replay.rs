@@ -180,7 +180,7 @@ impl Parking {
             // Never an expiration into the work queue (a parked message has none; this
             // also holds for one parked by hand with one).
             let mut replay_headers = parked.replay_headers();
-            self.trust.seal(&mut replay_headers, &parked.body);
+            self.trust.sign(&mut replay_headers, &parked.body);
             let props = crate::envelope::without_expiration(&parked.properties)
                 .with_headers(replay_headers);
             let copy = Envelope::new("", self.work_queue.as_str(), parked.body.clone())

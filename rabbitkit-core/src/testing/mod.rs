@@ -128,6 +128,16 @@ impl TestKit {
         Self::new(Subscriber::service(queue, service))
     }
 
+    /// Signs the copies' own headers as a worker with this [`HeaderTrust`] does
+    /// ([`Worker::header_trust`](crate::Worker::header_trust)). The kit believes the headers
+    /// of the deliveries it is given, as the runtime does once they are verified.
+    ///
+    /// [`HeaderTrust`]: crate::trust::HeaderTrust
+    pub fn header_trust(mut self, trust: crate::trust::HeaderTrust) -> Self {
+        Arc::make_mut(&mut self.spec).trust = trust;
+        self
+    }
+
     /// Worker-level state ([`Worker::state`](crate::Worker::state)); the subscriber's own
     /// state of the same type wins, as in the worker. A `Publisher` is not provided.
     #[must_use]
