@@ -179,15 +179,17 @@ impl Broker {
     /// back with [`Broker::private`] on the same instance.
     pub fn kill9(&self) {
         assert!(self.instance != 0, "never kill the shared broker");
-        let dir = format!(
-            "{}/../target/rabbitmq/rk{}-{}",
-            env!("CARGO_MANIFEST_DIR"),
-            // `scripts/broker` names the 4.3 line's nodes rk43-N.
-            self.version.replace('.', ""),
-            self.instance
+        // Asked of `scripts/broker`, which knows where the node's state is (it depends on
+        // RABBITKIT_PORT_OFFSET).
+        let inst = self.instance.to_string();
+        let out = broker_script(&["pid", "--version", &self.version, "--instance", &inst]);
+        assert!(
+            out.status.success(),
+            "no launcher pid for instance {}: {}",
+            self.instance,
+            String::from_utf8_lossy(&out.stderr)
         );
-        let pid: i32 = std::fs::read_to_string(format!("{dir}/launcher.pid"))
-            .unwrap_or_else(|e| panic!("no launcher.pid for instance {}: {e}", self.instance))
+        let pid: i32 = String::from_utf8_lossy(&out.stdout)
             .trim()
             .parse()
             .expect("launcher pid");
