@@ -166,6 +166,12 @@ async fn tier_and_parking_deleted_while_running_are_redeclared() {
     let a = audit("deleted-tier-parking", &vh, QueueType::Classic, 400);
     let rec = Recorder::new();
     let w = a.start_worker(&rec).await;
+    // Deleted once the consuming task has declared the topology (it does before consuming),
+    // so that the worker meets them missing.
+    rabbitkit_tests::wait_until(Duration::from_secs(20), "consuming", || async {
+        w.is_ready()
+    })
+    .await;
     let t = a.topology();
     vh.delete_queue(&t.tier_queues()[0]).await;
     vh.delete_queue(&t.parking_queue()).await;

@@ -258,6 +258,9 @@ async fn retry_publish_nacked_leaves_original_unacked() {
     let sub = Subscriber::new("orders", || async { Err::<(), BoxError>("fail".into()) })
         .retry(RetryPolicy::new([Duration::from_secs(60)]).max_attempts(10));
     let w = vh.start_worker(sub).await;
+    // The consuming task declares the topology once more before it consumes: until it is
+    // ready it may put the deleted tier back (or meet the replacement's other arguments).
+    wait_until(WAIT, "consuming", || async { w.is_ready() }).await;
     // Replace the tier with a queue that refuses every publish (nack).
     vh.delete_queue("orders.delay.1m").await;
     vh.declare_queue(
@@ -739,6 +742,10 @@ async fn parking_copy_returned_leaves_original_unacked_then_parks() {
         Err::<(), _>(Permanent::new("unknown sku"))
     });
     let w = vh.start_worker(sub).await;
+    // `start` returns before the consuming task has opened its channel, and that task
+    // declares the topology again, parking queue included: deleted before then, the queue
+    // came back, the copy was confirmed and parked, and no settlement ever failed.
+    wait_until(WAIT, "consuming", || async { w.is_ready() }).await;
     vh.delete_queue("orders.parking").await;
     vh.publish_raw("", "orders", b"park me", props_json()).await;
     wait_until(WAIT, "a failed settlement", || async {
