@@ -95,6 +95,8 @@ fn init_logging(o: Observability) {
     let fmt = tracing_subscriber::fmt()
         .with_max_level(o.log_level.as_tracing())
         .with_target(false)
+        // Colour only on a terminal: scripts/examples writes this to a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match o.log_format {
         LogFormat::Full => fmt.init(),

@@ -101,6 +101,8 @@ async fn run() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
         .with_max_level(config.observability.log_level.as_tracing())
         .with_target(false)
+        // Colour only on a terminal: scripts/examples writes this to a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .compact()
         .init();

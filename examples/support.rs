@@ -11,7 +11,8 @@ pub fn url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
-/// Logs to stderr at `info` (`debug` with `RABBITKIT_EXAMPLE_DEBUG=1`).
+/// Logs to stderr at `info` (`debug` with `RABBITKIT_EXAMPLE_DEBUG=1`), in colour only on a
+/// terminal (scripts/examples writes it to log files).
 pub fn init_logging() {
     let level = if std::env::var_os("RABBITKIT_EXAMPLE_DEBUG").is_some() {
         tracing::Level::DEBUG
@@ -21,6 +22,7 @@ pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_max_level(level)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
 }

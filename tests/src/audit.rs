@@ -240,7 +240,10 @@ pub struct Report {
     pub n: usize,
     /// Distinct ids processed.
     pub processed: usize,
-    /// Messages found in the parking queue.
+    /// Distinct ids of this run found in the parking queue.
+    pub parked_ids: usize,
+    /// Messages found in the parking queue: duplicate copies of an id included, so
+    /// `processed + parked` may exceed `n`; `processed + parked_ids` does not.
     pub parked: usize,
     /// Ids neither processed nor parked.
     pub lost: Vec<String>,
@@ -260,11 +263,12 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "AUDIT scenario={} broker={} n={} processed={} parked={} lost={} misrouted={} duplicates={} left={} missing-queues={} time={:.1}s",
+            "AUDIT scenario={} broker={} n={} processed-ids={} parked-ids={} parked-copies={} (duplicates included) lost={} misrouted={} duplicates={} left={} missing-queues={} time={:.1}s",
             self.scenario,
             self.broker,
             self.n,
             self.processed,
+            self.parked_ids,
             self.parked,
             self.lost.len(),
             self.misrouted.len(),
@@ -620,12 +624,14 @@ impl Audit {
         let mut lost = Vec::new();
         let mut duplicates = 0usize;
         let mut ours = 0usize;
+        let mut parked_ids = 0usize;
         for i in 0..self.n {
             let id = self.id(i);
             let kind = self.mix.kind(i);
             let times = processed.get(&id).copied().unwrap_or(0) as usize;
             let reasons = parked.get(&id).cloned().unwrap_or_default();
             ours += reasons.len();
+            parked_ids += usize::from(!reasons.is_empty());
             duplicates += times.saturating_sub(1) + reasons.len().saturating_sub(1);
             match kind.park_reason() {
                 None => {
@@ -661,6 +667,7 @@ impl Audit {
             broker: broker_version(&self.mgmt),
             n: self.n,
             processed: processed_ours,
+            parked_ids,
             parked: parked_msgs.len(),
             lost,
             misrouted,
