@@ -140,7 +140,7 @@ fn checked(key: &[u8], source_name: &str) -> Result<Arc<[u8]>, KeyError> {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| match c {
