@@ -168,12 +168,15 @@ impl Runner {
                     // Nothing settled through the handle, whatever the handler said:
                     // `Settled` without a settlement is a clean return too (the fallback
                     // applies, never a silent leak); failures take the auto decision.
-                    Counters::inc(&self.counters.unsettled);
                     let o = if matches!(o, Outcome::Settled) {
                         Outcome::Ack
                     } else {
                         o
                     };
+                    // Only a clean return is "unsettled": a failure takes the auto decision.
+                    if matches!(o, Outcome::Ack) {
+                        Counters::inc(&self.counters.unsettled);
+                    }
                     decide::decide(&self.spec, delivery, o)
                 } else {
                     Decision::Nothing

@@ -153,7 +153,7 @@ counters! {
     panics,
     /// Handlers that ran past their deadline.
     timeouts,
-    /// Manual handlers that returned without settling.
+    /// Manual handlers that returned cleanly without settling (the fallback applied).
     unsettled,
     /// Deliveries whose own attempt or route headers were ignored: unsigned (and not from a
     /// delay tier) or badly signed ([`HeaderTrust`](crate::trust::HeaderTrust)).

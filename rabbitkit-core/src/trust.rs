@@ -28,6 +28,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use lapin::types::{AMQPValue, FieldTable};
@@ -45,14 +46,26 @@ pub const MIN_KEY_LEN: usize = 16;
 /// The signature's version prefix: a later scheme can be told apart and rolled out.
 const VERSION: &str = "v1:";
 
-/// A key that is too short to sign with.
+/// A header-signing setting that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a header key must be at least {MIN_KEY_LEN} bytes ({source_name} has {len})")]
-pub struct KeyError {
-    /// Where the key came from (an environment variable, or `key`).
-    pub source_name: String,
-    /// Its length in bytes.
-    pub len: usize,
+#[non_exhaustive]
+pub enum KeyError {
+    /// A key too short to sign with.
+    #[error("a header key must be at least {MIN_KEY_LEN} bytes ({source_name} has {len})")]
+    TooShort {
+        /// Where the key came from (an environment variable, or `key`).
+        source_name: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// [`UNSIGNED_WINDOW_ENV`] is not a duration.
+    #[error("{UNSIGNED_WINDOW_ENV} = {value:?} is not a duration ({reason})")]
+    BadWindow {
+        /// The value found.
+        value: String,
+        /// Why it does not parse.
+        reason: String,
+    },
 }
 
 /// The keys rabbitkit signs and verifies its own headers with: a current key, and
@@ -129,7 +142,7 @@ impl HeaderKeys {
 
 fn checked(key: &[u8], source_name: &str) -> Result<Arc<[u8]>, KeyError> {
     if key.len() < MIN_KEY_LEN {
-        return Err(KeyError {
+        return Err(KeyError::TooShort {
             source_name: source_name.to_owned(),
             len: key.len(),
         });
@@ -203,19 +216,37 @@ fn mac_matches(key: &[u8], hdrs: &FieldTable, body: &[u8], tag: &[u8]) -> bool {
     keyed(key, hdrs, body).verify_slice(tag).is_ok()
 }
 
+/// How long after [`HeaderTrust::signed`] unsigned tier copies and replays are still
+/// believed by default: a rolling upgrade's copies written by the previous release (which
+/// did not sign) wait at most the longest tier's delay once its last worker is gone.
+pub const DEFAULT_UNSIGNED_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// The environment variable that sets the unsigned window of a key read from the
+/// environment (a humantime duration, `0s` for none).
+pub const UNSIGNED_WINDOW_ENV: &str = "RABBITKIT_HEADER_ACCEPT_UNSIGNED_FOR";
+
 /// How a subscriber decides whether a delivery's own headers are rabbitkit's.
 #[derive(Clone, Debug)]
 pub struct HeaderTrust {
     keys: Option<HeaderKeys>,
-    accept_unsigned_copies: bool,
+    unsigned: Unsigned,
+}
+
+/// When unsigned tier copies and replays are believed.
+#[derive(Clone, Copy, Debug)]
+enum Unsigned {
+    Always,
+    Until(Instant),
+    Never,
 }
 
 impl Default for HeaderTrust {
-    /// No key: unsigned copies are believed when `x-death` says they left a delay tier.
+    /// No key: unsigned copies are believed when `x-death` says they left a delay tier, and
+    /// unsigned replays.
     fn default() -> Self {
         Self {
             keys: None,
-            accept_unsigned_copies: true,
+            unsigned: Unsigned::Always,
         }
     }
 }
@@ -262,25 +293,69 @@ impl Verdict {
 }
 
 impl HeaderTrust {
-    /// Signs with `keys` and believes only signed headers, and unsigned copies from the
-    /// queue's own tiers or replays while [`HeaderTrust::accept_unsigned_copies`] is on
-    /// (the default, for copies a previous release left in the tiers, and replays made by
-    /// its operator CLI).
+    /// Signs with `keys` and believes signed headers; unsigned copies from the queue's own
+    /// tiers, and unsigned replays, only during [`DEFAULT_UNSIGNED_WINDOW`] from now (for
+    /// copies a previous release left in the tiers during a rolling upgrade, and replays
+    /// made by its operator CLI). After the window only signed headers count.
     pub fn signed(keys: HeaderKeys) -> Self {
         Self {
             keys: Some(keys),
-            accept_unsigned_copies: true,
+            unsigned: Unsigned::Until(Instant::now() + DEFAULT_UNSIGNED_WINDOW),
         }
     }
 
     /// Whether unsigned copies are believed when `x-death` says they left one of the
-    /// queue's delay tiers, or when they are replays without an attempt header. Turn it
-    /// off once no copy written before signing was enabled can remain in a tier (after the
-    /// longest tier's delay) and every replay is signed: then only signed headers count.
-    /// Without a key, turning it off ignores every own header (no retry keeps its attempt).
+    /// queue's delay tiers, or when they are replays without an attempt header: always
+    /// (`true`), or never (`false`: only signed headers count). Without a key, `false`
+    /// ignores every own header (no retry keeps its attempt).
     pub fn accept_unsigned_copies(mut self, on: bool) -> Self {
-        self.accept_unsigned_copies = on;
+        self.unsigned = if on {
+            Unsigned::Always
+        } else {
+            Unsigned::Never
+        };
         self
+    }
+
+    /// Believes unsigned tier copies and replays for `window` from now, then only signed
+    /// headers: as long as a rolling upgrade from a release that did not sign takes, plus
+    /// the longest tier's delay.
+    pub fn accept_unsigned_for(mut self, window: Duration) -> Self {
+        self.unsigned = match Instant::now().checked_add(window) {
+            Some(until) => Unsigned::Until(until),
+            None => Unsigned::Always,
+        };
+        self
+    }
+
+    /// The keys and window of the environment: [`KEY_ENV`], [`PREVIOUS_KEY_ENV`] and
+    /// [`UNSIGNED_WINDOW_ENV`]; without a key, [`HeaderTrust::default`].
+    pub fn from_env() -> Result<Self, KeyError> {
+        let Some(keys) = HeaderKeys::from_env()? else {
+            return Ok(Self::default());
+        };
+        let trust = Self::signed(keys);
+        match std::env::var(UNSIGNED_WINDOW_ENV)
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            None => Ok(trust),
+            Some(v) => match humantime::parse_duration(&v) {
+                Ok(window) => Ok(trust.accept_unsigned_for(window)),
+                Err(e) => Err(KeyError::BadWindow {
+                    value: v,
+                    reason: e.to_string(),
+                }),
+            },
+        }
+    }
+
+    fn accepts_unsigned(&self) -> bool {
+        match self.unsigned {
+            Unsigned::Always => true,
+            Unsigned::Never => false,
+            Unsigned::Until(t) => Instant::now() < t,
+        }
     }
 
     /// The signing keys, if any.
@@ -306,7 +381,7 @@ impl HeaderTrust {
                 Verdict::BadSignature
             };
         }
-        if !self.accept_unsigned_copies {
+        if !self.accepts_unsigned() {
             return Verdict::Unsigned;
         }
         if from_own_tier(hdrs, work_queue) {
@@ -473,6 +548,20 @@ mod tests {
         let h = FieldTable::from(map);
         let strict = HeaderTrust::signed(keys("0123456789abcdef")).accept_unsigned_copies(false);
         assert_eq!(strict.judge(Some(&h), b"", "orders"), Verdict::Unsigned);
+    }
+
+    #[test]
+    fn unsigned_copies_are_believed_only_within_the_window() {
+        let mut h = own(2, "order.created");
+        x_death(&mut h, "orders.delay.5s", "expired");
+        let k = || keys("0123456789abcdef");
+        assert_eq!(
+            HeaderTrust::signed(k()).judge(Some(&h), b"", "orders"),
+            Verdict::TierCopy,
+            "within the default window"
+        );
+        let closed = HeaderTrust::signed(k()).accept_unsigned_for(Duration::ZERO);
+        assert_eq!(closed.judge(Some(&h), b"", "orders"), Verdict::Unsigned);
     }
 
     #[test]

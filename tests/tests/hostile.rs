@@ -113,6 +113,10 @@ async fn manual_mode_parks_poison_at_once_and_a_panic_after_its_retries() {
             "{fallback:?}: nothing requeued in a loop: {st:?}"
         );
         assert_eq!((st.retried, st.parked, st.panics), (1, 2, 2), "{st:?}");
+        assert_eq!(
+            st.unsettled, 0,
+            "failures are not unsettled returns: {st:?}"
+        );
         assert_eq!(vh.depth("ledger").await, 0);
     }
 }
@@ -168,7 +172,13 @@ fn recorder(seen: Seen, fail_first: bool) -> Subscriber {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forged_route_and_attempt_headers_are_ignored() {
-    for trust in [key(), HeaderTrust::default()] {
+    // With a key once the unsigned window is over (and at any time for a forgery that is
+    // not a tier copy or a replay), and without a key.
+    for (trust, replay) in [
+        (key().accept_unsigned_for(Duration::ZERO), true),
+        (key(), false),
+        (HeaderTrust::default(), false),
+    ] {
         let vh = Broker::from_env().vhost("hostile-forged");
         let seen: Seen = Arc::default();
         let w = start(&vh, recorder(seen.clone(), false), trust.clone()).await;
@@ -183,6 +193,15 @@ async fn forged_route_and_attempt_headers_are_ignored() {
                 AMQPValue::LongString(format!("v1:{}", "ab".repeat(32)).into()),
             ),
         ]);
+        let mut forged = forged;
+        if replay {
+            // Posing as a replay: no attempt, a replay mark, no signature.
+            let mut m = forged.inner().clone();
+            m.remove(headers::ATTEMPT);
+            m.remove(headers::SIGNATURE);
+            m.insert(headers::REPLAYED.into(), AMQPValue::LongLongInt(1));
+            forged = m.into();
+        }
         vh.publish_raw(
             "shop",
             "order.created",

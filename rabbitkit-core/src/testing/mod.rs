@@ -200,7 +200,10 @@ impl TestKit {
         let (decision, settled_by) = match (self.spec.policy, recorded) {
             (AckPolicy::AckFirst, _) => (decision, SettledBy::Receipt),
             (_, Some(by_handle)) => (by_handle, SettledBy::Handler),
-            (AckPolicy::Manual, None) => (decision, SettledBy::Fallback),
+            // A clean return without a settlement; a failure takes the policy's decision.
+            (AckPolicy::Manual, None) if counters.snapshot().unsettled > 0 => {
+                (decision, SettledBy::Fallback)
+            }
             (_, None) => (decision, SettledBy::Policy),
         };
         Settlement {

@@ -19,7 +19,8 @@ pub enum SettledBy {
     Policy,
     /// A manual-mode handler, through its [`Settle`](crate::Settle) handle.
     Handler,
-    /// The manual fallback: the handler returned without settling.
+    /// The manual fallback: the handler returned cleanly without settling (a manual
+    /// handler that failed without settling is settled by the [`SettledBy::Policy`]).
     Fallback,
     /// `AckPolicy::AckFirst`: acked on receipt, before the handler ran.
     Receipt,

@@ -251,7 +251,12 @@ async fn manual_mode_parks_poison_and_retries_panics_whatever_the_fallback() {
                 !s.is_ack(),
                 "{fallback:?}: a failure must never be acked: {s}"
             );
-            assert_eq!(s.settled_by(), SettledBy::Fallback);
+            assert_eq!(s.settled_by(), SettledBy::Policy);
+            assert_eq!(
+                s.stats().unsettled,
+                0,
+                "a failure is not an unsettled return"
+            );
         }
     }
 }

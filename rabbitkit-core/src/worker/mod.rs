@@ -71,12 +71,14 @@ impl Worker {
     }
 
     /// How rabbitkit's own attempt and route headers are signed and checked
-    /// ([`HeaderTrust`](crate::trust::HeaderTrust)). Without this call the worker reads its
-    /// keys from `RABBITKIT_HEADER_KEY` (and `RABBITKIT_HEADER_KEY_PREVIOUS`), refuses to
-    /// start when one is shorter than 16 bytes, and without a key warns at start: then
-    /// own headers are believed only on copies that `x-death` says left one of the queue's
-    /// delay tiers, which a producer able to publish into a tier, or to set `x-death`
-    /// (RabbitMQ 3.10-3.13), can still forge.
+    /// ([`HeaderTrust`](crate::trust::HeaderTrust)). Without this call the worker reads
+    /// [`HeaderTrust::from_env`](crate::trust::HeaderTrust::from_env) (`RABBITKIT_HEADER_KEY`,
+    /// `RABBITKIT_HEADER_KEY_PREVIOUS`, `RABBITKIT_HEADER_ACCEPT_UNSIGNED_FOR`), refuses to
+    /// start when a key is shorter than 16 bytes or the window is not a duration, and
+    /// without a key warns at start: then own headers are believed on copies that `x-death`
+    /// says left one of the queue's delay tiers and on replays, which a producer able to
+    /// publish into a tier, to set `x-death` (RabbitMQ 3.10-3.13) or to write those headers
+    /// can still forge.
     pub fn header_trust(mut self, trust: crate::trust::HeaderTrust) -> Self {
         self.header_trust = Some(trust);
         self
@@ -226,14 +228,14 @@ impl Worker {
         }
         let trust = match self.header_trust.clone() {
             Some(t) => t,
-            None => match crate::trust::HeaderKeys::from_env() {
-                Ok(Some(keys)) => crate::trust::HeaderTrust::signed(keys),
-                Ok(None) => {
+            None => match crate::trust::HeaderTrust::from_env() {
+                Ok(t) if t.keys().is_some() => t,
+                Ok(t) => {
                     tracing::warn!(
-                        "{} is not set: rabbitkit's attempt and route headers are not signed, and are believed on copies that x-death says left a delay tier (forgeable by a producer that can publish into a tier); see docs/GUARANTEES.md",
+                        "{} is not set: rabbitkit's attempt and route headers are not signed, and are believed on copies that x-death says left a delay tier and on replays (forgeable by a producer that can publish into a tier or set those headers); see docs/GUARANTEES.md",
                         crate::trust::KEY_ENV
                     );
-                    crate::trust::HeaderTrust::default()
+                    t
                 }
                 Err(e) => return Err(Error::Config(e.to_string())),
             },

@@ -223,7 +223,13 @@ impl Pipeline {
             })
         });
         if let Some(f) = &delivery.attempt().forged_header {
-            tracing::warn!(message_id = ?delivery.message_id(), problem = %f, "ignoring an unusable attempt header");
+            tracing::warn!(
+                queue = %spec.queue,
+                message_id = ?delivery.message_id(),
+                routing_key = %delivery.routing_key(),
+                problem = %f,
+                "ignoring rabbitkit headers on this delivery (unusable, or not written by rabbitkit)"
+            );
         }
         let span = span::process(
             &self.spans,
