@@ -85,11 +85,15 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
-    /// The parking queue exists but is unavailable: the broker answered its declaration
-    /// with 404 (a classic queue whose node is down, or that did not answer in time).
-    /// Everything else was declared; the worker consumes anyway (see GUARANTEES.md), the
-    /// broker nacks parking copies until the queue is back, and their originals are
-    /// requeued.
+    /// The parking queue exists but could not be declared as asked, and everything else
+    /// was declared; the channel the declaration ran on is closed. Either it is
+    /// unavailable: the broker answered with 404 (a classic queue whose node is down) or
+    /// did not answer in time; the worker consumes anyway (see GUARANTEES.md), the broker
+    /// nacks parking copies until the queue is back, and their originals are requeued. Or
+    /// it has another type or other arguments (406, e.g. the classic parking queue of an
+    /// earlier release where a quorum one is now declared): it works, the worker uses it as
+    /// it is and warns at start; [`Topology::migrate_parking`](crate::Topology::migrate_parking)
+    /// replaces it.
     #[error("parking queue {queue:?} is unavailable: {source}")]
     ParkingUnavailable {
         /// The parking queue.

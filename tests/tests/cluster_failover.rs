@@ -1,5 +1,7 @@
 //! A worker on a real 3-node cluster whose node is killed (kill -9) under it, with a quorum
-//! work queue and a classic parking queue on the killed node: the worker fails over to
+//! work queue and a classic parking queue on the killed node (an earlier release's, used as
+//! it is until migrated; the parking queue rabbitkit declares now is quorum, see
+//! `cluster_parking.rs`): the worker fails over to
 //! another node, consumes everything published after the kill although its parking queue is
 //! unavailable (its declaration is bounded, then given up: RabbitMQ 4.3 answers it only
 //! after 75 s), and the messages it must park meanwhile are nacked by the broker, requeued,
@@ -46,6 +48,13 @@ fn connection_node(b: &Broker, vhost: &str, name: &str) -> Option<String> {
 async fn cluster_worker_survives_the_kill_of_its_node_and_of_its_parking_queue() {
     let cluster = rabbitkit_tests::Cluster::ensure(3);
     let vh = cluster.vhost("nodes-cluster");
+    // The classic parking queue of an earlier release, on node 1 (declared through it).
+    let vh1 = rabbitkit_tests::Vhost {
+        broker: cluster.node(1).clone(),
+        name: vh.name.clone(),
+    };
+    vh1.declare_queue("orders.parking", Default::default())
+        .await;
     let urls = rabbitkit_core::connection::split_url_list(&cluster.urls(&vh.name));
     let mut cfg = ConnectionConfig::nodes(urls);
     cfg.max_backoff = Duration::from_millis(500);

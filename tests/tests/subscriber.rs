@@ -754,8 +754,9 @@ async fn parking_copy_returned_leaves_original_unacked_then_parks() {
     .await;
     let st = w.stats("orders").unwrap();
     assert_eq!((st.acked, st.parked), (0, 0), "{st:?}");
-    vh.declare_queue("orders.parking", FieldTable::default())
-        .await;
+    // As the worker declares it (it may have done so already, after the returned copy).
+    let parking = rabbitkit_core::Topology::new("orders").parking_arguments();
+    vh.declare_queue("orders.parking", parking).await;
     wait_until(WAIT, "parked once the queue is back", || async {
         w.stats("orders").unwrap().parked == 1
     })

@@ -31,6 +31,9 @@ pub use replay::{ReplayOptions, ReplayReport};
 
 /// How long one parking operation waits for a connection.
 const CONNECT_WAIT: Duration = Duration::from_secs(15);
+/// Longest wait for a browse's requeued messages to be counted back (a quorum parking
+/// queue applies returns through its log; a classic one at once).
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 /// Access to one work queue's parking queue.
 #[derive(Debug)]
@@ -171,7 +174,12 @@ impl ParkedMessage {
             .as_ref()
             .map(|t| t.inner().clone())
             .unwrap_or_default();
-        map.retain(|k, _| !headers::FAILURE_HEADERS.contains(&k.as_str()));
+        // A quorum parking queue writes its own delivery counts on what it delivers (each
+        // browse adds one): carried into the work queue they would count as requeues there.
+        map.retain(|k, _| {
+            !headers::FAILURE_HEADERS.contains(&k.as_str())
+                && !headers::BROKER_COUNT_HEADERS.contains(&k.as_str())
+        });
         let mut table = FieldTable::from(map);
         if let Some(rk) = &self.original_routing_key {
             table.insert(
@@ -281,7 +289,9 @@ impl Parking {
         conn.conn.create_channel().await.map_err(Error::amqp)
     }
 
-    /// How many messages are parked (ready, not counting ones other clients hold).
+    /// How many messages are parked (ready, not counting ones other clients hold). A
+    /// browse of this client ([`Parking::peek`], a replay's passed-over messages) is
+    /// counted back before it returns, on a quorum parking queue too.
     /// Fails with [`Error::Topology`] when the parking queue does not exist.
     pub async fn count(&self) -> Result<u32> {
         let ch = self.channel().await?;
@@ -328,11 +338,30 @@ impl Parking {
         }))
     }
 
+    /// Waits until the parking queue counts at least `at_least` ready messages again, at
+    /// most [`SETTLE_WAIT`]: messages this client held and requeued (a `basic.nack`, a
+    /// channel closed) are back in a classic queue's count at once, but a quorum queue
+    /// applies the return through its log, after the channel is closed. Without this
+    /// wait, a count taken right after a browse (the next `parking list`, a replay's
+    /// `remaining`) reads them as gone. A concurrent replay or purge may keep the count
+    /// below: then it returns after the wait with what it counts.
+    pub(super) async fn settled_count(&self, at_least: u32) -> Result<u32> {
+        let start = tokio::time::Instant::now();
+        loop {
+            let n = self.count().await?;
+            if n >= at_least || start.elapsed() >= SETTLE_WAIT {
+                return Ok(n);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Reads up to `limit` parked messages, oldest first, without removing any: they are
-    /// requeued before this returns (the channel closing would requeue them too).
+    /// requeued before this returns (the channel closing would requeue them too), and
+    /// counted back in the queue (see [`Parking::count`]).
     pub async fn peek(&self, limit: usize) -> Result<Vec<ParkedMessage>> {
         let ch = self.channel().await?;
-        self.passive_count(&ch).await?;
+        let parked_at_start = self.passive_count(&ch).await?;
         let mut out = Vec::new();
         let mut last_tag = None;
         while out.len() < limit {
@@ -354,6 +383,9 @@ impl Parking {
             .map_err(Error::amqp)?;
         }
         let _ = ch.close(200, "rabbitkit parking peek".into()).await;
+        if !out.is_empty() {
+            self.settled_count(parked_at_start).await?;
+        }
         Ok(out)
     }
 
@@ -429,6 +461,19 @@ mod tests {
         assert!(h.inner().get(headers::ERROR_MESSAGE).is_none());
         assert_eq!(h.inner().get("tenant"), Some(&ls("acme")));
         assert_replay_route(&h, "order.created", 1);
+    }
+
+    #[test]
+    fn a_quorum_parking_queues_delivery_counts_are_not_replayed() {
+        let p = props(&[
+            (headers::DELIVERY_COUNT, AMQPValue::LongLongInt(30)),
+            (headers::ACQUIRED_COUNT, AMQPValue::LongLongInt(31)),
+            ("tenant", ls("acme")),
+        ]);
+        let h = ParkedMessage::from_parts(Bytes::from_static(b"{}"), p).replay_headers();
+        assert!(!h.inner().contains_key(headers::DELIVERY_COUNT));
+        assert!(!h.inner().contains_key(headers::ACQUIRED_COUNT));
+        assert_eq!(h.inner().get("tenant"), Some(&ls("acme")));
     }
 
     #[test]

@@ -99,9 +99,12 @@ impl Parking {
     ///   counted in [`ReplayReport::other_queue`]: a parking queue shared through custom
     ///   dead-letter arguments never sends one queue's messages to another.
     /// - **Passed-over messages stay parked, unchanged.** They are held unacked on the replay's
-    ///   channel and requeued when it closes; RabbitMQ puts a requeued message back at its
-    ///   position in the queue, so their order is kept. Messages parked while the replay runs
-    ///   queue up behind them and are not looked at.
+    ///   channel and requeued when it closes. A classic queue puts a requeued message back
+    ///   at its position; a quorum parking queue (the default) puts it behind the messages
+    ///   the replay did not look at (when a limit stopped it), so the order of a partly
+    ///   replayed queue is not kept. Messages parked while the replay runs queue up behind
+    ///   them and are not looked at. The broker's delivery counts a quorum parking queue
+    ///   adds to what it delivers are left out of the copies.
     /// - **One copy per message per run.** Within one run, a parked message with the same
     ///   message id and body as one already replayed (the runtime parks twice when the ack of a
     ///   confirmed parking copy is lost and the message fails again) is acked off the parking
@@ -208,7 +211,11 @@ impl Parking {
         // Closing the channel requeues every message still held (passed over, or the one
         // whose copy was refused), and settles before the count.
         let _ = ch.close(200, "rabbitkit parking replay".into()).await;
-        report.remaining = self.count().await.unwrap_or(0);
+        let left = u64::from(parked_at_start).saturating_sub(report.replayed + report.duplicates);
+        report.remaining = self
+            .settled_count(u32::try_from(left).unwrap_or(u32::MAX))
+            .await
+            .unwrap_or(0);
         Ok(report)
     }
 }

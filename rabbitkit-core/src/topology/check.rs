@@ -8,7 +8,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ErrorKind, ExchangeKind};
 
-use super::{Topology, TopologyMode, exchange_kind};
+use super::{QueueType, Topology, TopologyMode, exchange_kind};
 use crate::connection::{ConnectionConfig, Connector};
 use crate::error::{Error, Result};
 
@@ -102,6 +102,9 @@ struct Object {
     /// `None` for a queue.
     exchange: Option<ExchangeKind>,
     arguments: FieldTable,
+    /// Another shape accepted instead, and what the object is then called: the classic
+    /// parking queue of an earlier release, used as it is until it is migrated.
+    accepted: Option<(FieldTable, String)>,
 }
 
 impl Topology {
@@ -147,10 +150,24 @@ impl Topology {
         self.validate()?;
         let mut out = Vec::new();
         for o in self.objects()? {
-            let state = probe(conn, &o).await?;
+            let mut state = probe(conn, &o).await?;
+            let mut what = o.what.clone();
+            if let (ObjectState::Different(_), Some((arguments, called))) = (&state, &o.accepted) {
+                let other = Object {
+                    arguments: arguments.clone(),
+                    accepted: None,
+                    what: String::new(),
+                    name: o.name.clone(),
+                    exchange: None,
+                };
+                if probe(conn, &other).await? == ObjectState::Present {
+                    state = ObjectState::Present;
+                    what = called.clone();
+                }
+            }
             out.push(CheckedObject {
                 subscriber: subscriber.to_owned(),
-                what: o.what,
+                what,
                 state,
             });
         }
@@ -158,7 +175,9 @@ impl Topology {
     }
 
     /// Declares this topology ([`Topology::apply`] in `Declare` mode) on a connection of its
-    /// own, closed afterwards.
+    /// own, closed afterwards. A parking queue of another shape (the classic one of an
+    /// earlier release) is kept as it is, with a warning naming
+    /// [`Topology::migrate_parking`]'s command: it is not an error here.
     pub async fn declare(&self, connection: &ConnectionConfig) -> Result<()> {
         self.apply_on_own_connection(connection, TopologyMode::Declare)
             .await
@@ -192,7 +211,15 @@ impl Topology {
             Ok(ch) => {
                 let r = self.apply_in(&ch, mode, &site).await;
                 let _ = ch.close(200, "rabbitkit topology apply".into()).await;
-                r
+                match r {
+                    // The classic parking queue of an earlier release: everything else is
+                    // declared, and it works as it is (said once, with the migrate command).
+                    Err(e) if super::parking::is_other_parking_queue(&e) => {
+                        self.warn_other_parking_queue(&conn.conn).await;
+                        Ok(())
+                    }
+                    r => r,
+                }
             }
             Err(e) => Err(Error::amqp(e)),
         };
@@ -214,20 +241,35 @@ impl Topology {
                 name: b.exchange.clone(),
                 exchange: Some(kind.clone()),
                 arguments: FieldTable::default(),
+                accepted: None,
             });
         }
         let parking = self.parking_queue();
+        // A classic parking queue of an earlier release works (it is used as it is) where
+        // a quorum one is declared now: accepted, and named so. `x-queue-type = classic`
+        // matches a classic queue declared without a type.
+        let accepted = (self.parking_queue_type() == QueueType::Quorum).then(|| {
+            let mut classic = FieldTable::default();
+            classic.insert("x-queue-type".into(), super::ls("classic"));
+            let called = format!(
+                "parking queue {parking:?} (classic, of an earlier release: not replicated; `rabbitkit parking migrate {}` makes it quorum)",
+                self.queue
+            );
+            (classic, called)
+        });
         out.push(Object {
             what: format!("parking queue {parking:?}"),
             name: parking,
             exchange: None,
-            arguments: FieldTable::default(),
+            arguments: self.parking_arguments(),
+            accepted,
         });
         out.push(Object {
             what: format!("work queue {:?}", self.queue),
             name: self.queue.clone(),
             exchange: None,
             arguments: self.work_arguments(),
+            accepted: None,
         });
         if !self.tiers.is_empty() {
             let rx = self.retry_exchange();
@@ -236,6 +278,7 @@ impl Topology {
                 name: rx,
                 exchange: Some(ExchangeKind::Direct),
                 arguments: FieldTable::default(),
+                accepted: None,
             });
             for t in super::retry_dedup(&self.tiers) {
                 let name = self.tier_queue(t);
@@ -244,6 +287,7 @@ impl Topology {
                     name,
                     exchange: None,
                     arguments: self.tier_arguments(t),
+                    accepted: None,
                 });
             }
         }

@@ -13,7 +13,7 @@ use lapin::options::{
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 
 use super::{QueueType, Topology, declare_err, retry_dedup, tier_arguments};
 use crate::connection::{ConnectionConfig, Connector};
@@ -261,7 +261,7 @@ impl Topology {
     ) -> Result<MigratedTier> {
         let mut why = String::new();
         for _ in 0..ROUNDS {
-            if let Err(stopped) = drain(conn, rx, old, new, moved).await? {
+            if let Err(stopped) = drain(conn, rx, old, new, &[], moved).await? {
                 let messages = queue_messages(conn, old).await?.unwrap_or(0);
                 return Ok(MigratedTier::Kept {
                     messages,
@@ -327,8 +327,11 @@ impl Topology {
         Ok(out)
     }
 
-    /// Logs a warning for each classic tier of this topology's delays that still exists.
+    /// Logs a warning for each classic tier of this topology's delays that still exists,
+    /// and for a parking queue of another shape than this release declares (the classic
+    /// parking queue of an earlier release): what a worker says once at start.
     pub(crate) async fn warn_legacy_tiers(&self, conn: &Connection) {
+        self.warn_other_parking_queue(conn).await;
         let found = match self.legacy_tiers_on(conn).await {
             Ok(found) => found,
             Err(e) => {
@@ -360,20 +363,23 @@ impl Topology {
     }
 }
 
-/// Moves every message of `old` to `rx` / `new`; `Ok(Err(why))` when a copy was not
-/// confirmed (its original is requeued in `old` when the channel closes).
-async fn drain(
+/// Moves every message of `old` to `rx` / `new`, body and properties unchanged but for
+/// the headers named in `strip` (a quorum queue's own delivery counts, which it adds to
+/// what it delivers); `Ok(Err(why))` when a copy was not confirmed (its original is
+/// requeued in `old` when the channel closes).
+pub(super) async fn drain(
     conn: &Connection,
     rx: &str,
     old: &str,
     new: &str,
+    strip: &[&str],
     moved: &mut u64,
 ) -> Result<std::result::Result<(), String>> {
     let ch = channel(conn).await?;
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .map_err(Error::amqp)?;
-    let result = drain_on(&ch, rx, old, new, moved).await;
+    let result = drain_on(&ch, rx, old, new, strip, moved).await;
     // Closing requeues a message held after a refused copy, and settles every ack before
     // the delete looks at the queue: a classic queue deleted `if_empty` with messages held
     // unacked would drop them.
@@ -386,6 +392,7 @@ async fn drain_on(
     rx: &str,
     old: &str,
     new: &str,
+    strip: &[&str],
     moved: &mut u64,
 ) -> Result<std::result::Result<(), String>> {
     loop {
@@ -408,7 +415,7 @@ async fn drain_on(
                     ..Default::default()
                 },
                 &d.data,
-                d.properties.clone(),
+                without(&d.properties, strip),
             )
             .await
             .map_err(Error::amqp)?;
@@ -430,13 +437,30 @@ async fn drain_on(
     }
 }
 
-async fn channel(conn: &Connection) -> Result<Channel> {
+/// `properties` without the headers named in `strip` (a clone when there are none).
+fn without(properties: &BasicProperties, strip: &[&str]) -> BasicProperties {
+    let Some(headers) = properties.headers() else {
+        return properties.clone();
+    };
+    if !strip.iter().any(|k| headers.inner().contains_key(*k)) {
+        return properties.clone();
+    }
+    let mut kept = FieldTable::default();
+    for (k, v) in headers.inner() {
+        if !strip.contains(&k.as_str()) {
+            kept.insert(k.clone(), v.clone());
+        }
+    }
+    properties.clone().with_headers(kept)
+}
+
+pub(super) async fn channel(conn: &Connection) -> Result<Channel> {
     conn.create_channel().await.map_err(Error::amqp)
 }
 
 /// Ready messages in `queue`, `None` when it does not exist (passive declare on a channel
 /// of its own: a 404 closes it).
-async fn queue_messages(conn: &Connection, queue: &str) -> Result<Option<u32>> {
+pub(super) async fn queue_messages(conn: &Connection, queue: &str) -> Result<Option<u32>> {
     let ch = channel(conn).await?;
     let r = ch
         .queue_declare(

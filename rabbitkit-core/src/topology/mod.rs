@@ -30,6 +30,8 @@ use serde::Deserialize;
 mod check;
 mod mgmt;
 mod migrate;
+mod parking;
+mod parking_migrate;
 mod prune;
 mod verify;
 
@@ -42,6 +44,7 @@ use crate::retry;
 pub use check::{CheckedObject, ObjectState, TopologyReport};
 pub use mgmt::ManagementUrl;
 pub use migrate::{LegacyTier, MigratedTier, TierMigration, TierMigrationReport};
+pub use parking_migrate::{ParkingMigration, ParkingMigrationReport};
 pub use prune::{PruneOutcome, delete_if_empty, unused_tiers};
 pub(crate) use verify::Site;
 
@@ -303,6 +306,13 @@ impl Topology {
     /// [`TopologyMode`]). Here the broker's vhost is not known, nor is the management API
     /// used: a `Validate` or `Adopt` check of the work queue compares declared arguments
     /// only. A worker applies its topologies with both.
+    ///
+    /// The parking queue is declared last, of [`Topology::parking_queue_type`]. When it
+    /// exists but cannot be declared so, the result is [`Error::ParkingUnavailable`] with
+    /// everything else declared and `channel` closed by the broker: it is down (404, or no
+    /// answer within 10 s), or it has another shape (406: the classic parking queue of an
+    /// earlier release), which works as it is until [`Topology::migrate_parking`]
+    /// replaces it. A worker consumes in both cases, on another channel.
     pub async fn apply(&self, channel: &Channel, mode: TopologyMode) -> Result<()> {
         self.apply_in(channel, mode, &Site::default()).await
     }
@@ -449,8 +459,17 @@ impl Topology {
         // told apart so the worker can consume anyway.
         // RabbitMQ 4.x answers only after its own timeout (75 s measured on 4.3.6): bounded
         // here, the channel is then given up (the caller opens another).
+        // A parking queue of another shape (the classic one of an earlier release where a
+        // quorum one is now declared) answers 406 and closes the channel too: it is used as
+        // it is, through the same path (the caller opens another channel), and the worker
+        // warns once at start with the command that migrates it.
         let parking = self.parking_queue();
-        let declare = channel.queue_declare(parking.as_str().into(), qopts, FieldTable::default());
+        let args = if passive {
+            FieldTable::default()
+        } else {
+            self.parking_arguments()
+        };
+        let declare = channel.queue_declare(parking.as_str().into(), qopts, args);
         let answer = if passive {
             Ok(declare.await)
         } else {
@@ -462,6 +481,15 @@ impl Topology {
                 queue: parking,
                 source: Box::new(e),
             }),
+            Ok(Err(e)) if !passive && check::reply_code(&e) == Some(406) => {
+                Err(Error::ParkingUnavailable {
+                    source: Box::new(parking::OtherParkingQueue {
+                        queue: parking.clone(),
+                        broker: check::reply_text(&e),
+                    }),
+                    queue: parking,
+                })
+            }
             Ok(Err(e)) => Err(declare_err(format!("parking queue {parking:?}"), e)),
             Err(_) => Err(Error::ParkingUnavailable {
                 source: format!(
@@ -479,8 +507,16 @@ impl Topology {
 /// unavailable (a classic queue whose node is down).
 const PARKING_DECLARE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The log line of a worker that consumes while its parking queue is unavailable.
+/// The log line of a worker that consumes while its parking queue is unavailable. A
+/// parking queue of another shape (the classic one of an earlier release) is not
+/// unavailable: it is used as it is, and the worker's start says so once
+/// ([`Topology::warn_other_parking_queue`]); here it is only a debug line (every reconnect
+/// comes through here).
 pub(crate) fn warn_parking_unavailable(queue: &str, e: &Error) {
+    if parking::is_other_parking_queue(e) {
+        tracing::debug!(queue, error = %e, "parking queue of another shape: used as it is");
+        return;
+    }
     tracing::warn!(
         queue,
         error = %e,

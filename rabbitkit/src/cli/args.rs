@@ -97,6 +97,14 @@ pub(crate) enum ParkingCommand {
     },
     /// Move parked messages back to their work queue (confirmed copy first, then the ack).
     Replay(ReplayArgs),
+    /// Replace a classic parking queue (earlier releases) by the quorum one, moving every
+    /// parked message unchanged through `<work-queue>.parking.migrating`, each acked only
+    /// after its copy is confirmed; exits 1 unless the parking queue ends quorum. Stop the
+    /// workers of earlier releases first.
+    Migrate {
+        /// The work queue whose parking queue to migrate.
+        work_queue: String,
+    },
     /// Delete every parked message. Refused without --yes.
     Purge {
         /// The work queue whose parking queue to purge.

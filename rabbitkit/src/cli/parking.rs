@@ -1,4 +1,5 @@
-//! `rabbitkit parking list|show|replay|purge`: thin front ends of [`Parking`].
+//! `rabbitkit parking list|show|replay|purge`: thin front ends of [`Parking`]; `rabbitkit
+//! parking migrate`: of [`Topology::migrate_parking`].
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -7,7 +8,8 @@ use serde_json::{Value, json};
 
 use super::args::{ParkingCommand, ReplayArgs};
 use super::{Done, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Io};
-use crate::{ConnectionConfig, ParkedMessage, Parking, ReplayOptions};
+use crate::topology::ParkingMigration;
+use crate::{ConnectionConfig, ParkedMessage, Parking, ReplayOptions, Topology};
 
 pub(crate) async fn run(
     connection: &ConnectionConfig,
@@ -19,6 +21,9 @@ pub(crate) async fn run(
         | ParkingCommand::Show { work_queue, .. }
         | ParkingCommand::Purge { work_queue, .. } => work_queue,
         ParkingCommand::Replay(a) => &a.work_queue,
+        ParkingCommand::Migrate { work_queue } => {
+            return migrate(connection, work_queue, io).await;
+        }
     };
     if let ParkingCommand::Purge { yes: false, .. } = cmd {
         writeln!(
@@ -42,9 +47,49 @@ pub(crate) async fn run(
         }
         ParkingCommand::Replay(args) => replay(&parking, args, io).await,
         ParkingCommand::Purge { .. } => purge(&parking, io).await,
+        ParkingCommand::Migrate { .. } => Ok(EXIT_USAGE),
     };
     parking.close().await;
     done
+}
+
+async fn migrate(connection: &ConnectionConfig, work_queue: &str, io: &mut Io<'_>) -> Done {
+    let report = Topology::new(work_queue)
+        .migrate_parking(connection)
+        .await?;
+    let count = |n: Option<u32>| n.map_or_else(|| "gone".to_owned(), |n| n.to_string());
+    writeln!(
+        io.out,
+        "{}: {} moved out of the old queue, {} moved into the quorum queue; {} parked; holding queue {:?}: {}",
+        report.queue,
+        report.moved_out,
+        report.moved_in,
+        count(report.parking_messages),
+        report.holding_queue,
+        count(report.holding_messages)
+    )?;
+    match &report.outcome {
+        ParkingMigration::Incomplete { why } => {
+            writeln!(
+                io.err,
+                "rabbitkit: migration of {} incomplete (nothing was lost): {why}",
+                report.queue
+            )?;
+            Ok(EXIT_FAILED)
+        }
+        ParkingMigration::AlreadyQuorum => {
+            writeln!(io.out, "{} is the quorum parking queue", report.queue)?;
+            Ok(EXIT_OK)
+        }
+        _ => {
+            writeln!(
+                io.out,
+                "{} migrated: it is the quorum parking queue",
+                report.queue
+            )?;
+            Ok(EXIT_OK)
+        }
+    }
 }
 
 async fn purge(parking: &Parking, io: &mut Io<'_>) -> Done {
