@@ -24,6 +24,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use rabbitkit::config::{Handlers, LogFormat, Observability, WorkerConfig};
+use rabbitkit::kind::Kinded;
 use rabbitkit::prelude::*;
 use rabbitkit::{Parking, WorkerHandle, WorkerReport};
 use rabbitkit_examples::{check, wait_for};
@@ -48,7 +49,15 @@ async fn flaky(attempt: Attempt) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Order 0 names no order (kind `validation`, parked at once by `worker.toml`); orders
+/// from 1 000 000 up are not stocked yet (kind `inventory`, retried up to 5 times).
 async fn orders(Json(order): Json<Order>) -> Result<(), BoxError> {
+    if order.id == 0 {
+        return Err(Kinded::new("validation", "order 0 names no order").into());
+    }
+    if order.id >= 1_000_000 {
+        return Err(Kinded::new("inventory", "not stocked yet").into());
+    }
     println!("order {}", order.id);
     Ok(())
 }
@@ -58,7 +67,12 @@ fn handlers() -> Handlers {
     Handlers::new()
         .handler("greet", greet)
         .handler("flaky", flaky)
-        .handler("orders", orders)
+        // The kinds its errors carry ad hoc, which `worker.toml` gives policies: a policy
+        // for a kind nothing produces is refused at start.
+        .subscriber(
+            "orders",
+            Subscriber::new("", orders).kinds(["validation", "inventory"]),
+        )
 }
 
 struct Args {

@@ -45,6 +45,7 @@ impl std::fmt::Display for ChargeError {
 impl std::error::Error for ChargeError {}
 
 impl ErrorKind for ChargeError {
+    const KINDS: &'static [&'static str] = &["validation", "inventory"];
     fn kind(&self) -> Cow<'static, str> {
         match self {
             ChargeError::Invalid => "validation".into(),
@@ -56,7 +57,14 @@ impl ErrorKind for ChargeError {
 /// Stock arrives after the first try.
 static STOCK_CHECKS: AtomicU32 = AtomicU32::new(0);
 
-#[subscriber(queue = "example.kinds.payments", retry = ["30s"], max_attempts = 3)]
+// `error_kind` registers the type whose `KINDS` the `on_kind` policies below name: a policy
+// for a kind nothing produces is refused at start.
+#[subscriber(
+    queue = "example.kinds.payments",
+    retry = ["30s"],
+    max_attempts = 3,
+    error_kind = ChargeError
+)]
 async fn charge(Json(p): Json<Payment>, attempt: Attempt) -> Result<(), ChargeError> {
     if p.sku.is_empty() {
         return Err(ChargeError::Invalid);
@@ -74,7 +82,6 @@ async fn main() -> Result<(), BoxError> {
     // The attribute's policy, extended by kind: `validation` parks at once, `inventory`
     // waits 200 ms (its own tier) up to 5 attempts; other errors wait 30 s.
     let payments = charge::subscriber()
-        .error_kind::<ChargeError>()
         .on_kind("validation", KindPolicy::park())
         .on_kind(
             "inventory",

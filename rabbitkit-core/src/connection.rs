@@ -575,8 +575,13 @@ impl Connector {
                         // when the next user of the connection finds it gone and reconnects.
                         if !status.connected() {
                             up.set(0.0);
+                            tracing::warn!(connection = %name, node = %addr, error = %e, "connection error");
+                        } else {
+                            // A channel the broker closed (a passive declare's 404, a
+                            // 406): its operation returned the error to its caller, who
+                            // says what it means; the connection is fine.
+                            tracing::debug!(connection = %name, node = %addr, error = %e, "channel closed by the broker");
                         }
-                        tracing::warn!(connection = %name, node = %addr, error = %e, "connection error");
                     }
                     _ => {}
                 }

@@ -122,6 +122,30 @@ pub enum Error {
         /// The subscriber's name.
         subscriber: String,
     },
+    /// A retry policy for an error kind (`on_kind`, `[subscribers.retry.kinds.KIND]`)
+    /// names a kind no failure of the subscriber can carry: no registered
+    /// [`ErrorKind`](crate::kind::ErrorKind) type lists it, it is not declared with
+    /// [`Subscriber::kinds`](crate::Subscriber::kinds), and rabbitkit does not give it
+    /// itself. The policy would never apply, and those failures would take the default
+    /// schedule without a word. Refused at start.
+    #[error(
+        "subscriber {subscriber:?}: a retry policy names error kind {kind:?}, which no failure \
+         of it can carry (registered error types: [{}]; known kinds: {}); register the type \
+         that produces it (`.error_kind::<E>()`, or `error_kind = E` in #[subscriber]) or \
+         declare an ad-hoc kind (`.kinds([\"{kind}\"])`, or `kinds = [\"{kind}\"]`)",
+        registered.join(", "),
+        known.join(", ")
+    )]
+    UnknownKind {
+        /// The subscriber's name.
+        subscriber: String,
+        /// The kind the policy names.
+        kind: String,
+        /// The registered error types (`std::any::type_name`).
+        registered: Vec<String>,
+        /// The kinds its failures can carry, sorted.
+        known: Vec<String>,
+    },
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),

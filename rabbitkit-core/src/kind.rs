@@ -16,7 +16,7 @@
 //! Anything else is kind `error`.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -28,6 +28,21 @@ use crate::outcome::{Classify, ErrorClass, Permanent};
 
 /// The kind of errors that say nothing of their own.
 pub const DEFAULT_KIND: &str = "error";
+
+/// The kinds rabbitkit gives failures itself, whatever the handler's errors: `error` (an
+/// error that says nothing of its own), `timeout` (a deadline or a tower `timeout` layer),
+/// `panic`, `decode` (an extractor's rejection), `requeue-limit`, `wiring` (a missing
+/// `State`) and `idempotency-store`. An [`on_kind`](crate::RetryPolicy::on_kind) policy for
+/// one of them is always accepted.
+pub const BUILTIN_KINDS: &[&str] = &[
+    DEFAULT_KIND,
+    "timeout",
+    "panic",
+    "decode",
+    "requeue-limit",
+    "wiring",
+    "idempotency-store",
+];
 
 /// A handler error with a kind of its own. Displays as the error it wraps.
 #[derive(Debug)]
@@ -113,6 +128,7 @@ impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
 /// }
 ///
 /// impl ErrorKind for ChargeError {
+///     const KINDS: &'static [&'static str] = &["inventory", "card"];
 ///     fn kind(&self) -> Cow<'static, str> {
 ///         match self {
 ///             ChargeError::OutOfStock => "inventory".into(),
@@ -125,7 +141,12 @@ impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
 /// }
 /// ```
 pub trait ErrorKind: std::error::Error + Send + Sync + 'static {
-    /// This error's kind.
+    /// Every kind [`kind`](Self::kind) can return. A subscriber refuses to start when an
+    /// `on_kind` policy names a kind that neither a registered type lists, nor
+    /// [`Subscriber::kinds`](crate::Subscriber::kinds) declares, nor rabbitkit gives itself
+    /// ([`BUILTIN_KINDS`]): the policy could never apply.
+    const KINDS: &'static [&'static str];
+    /// This error's kind: one of [`KINDS`](Self::KINDS).
     fn kind(&self) -> Cow<'static, str>;
     /// Park at once, without retries (default: no).
     fn is_permanent(&self) -> bool {
@@ -178,6 +199,58 @@ pub(crate) fn is_overloaded(error: &BoxError) -> bool {
 /// Whether `error` is a tower `timeout` layer's `Elapsed`.
 pub(crate) fn is_elapsed(error: &BoxError) -> bool {
     chain(error.as_ref()).any(|e| e.is::<tower::timeout::error::Elapsed>())
+}
+
+/// The kinds a subscriber's failures can carry, as far as its definition says: what
+/// `on_kind` policies are checked against at start.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KnownKinds {
+    /// Kinds listed by registered [`ErrorKind`] types or declared for ad-hoc errors.
+    names: BTreeSet<Cow<'static, str>>,
+    /// The registered [`ErrorKind`] types, for the refusal's message.
+    types: Vec<&'static str>,
+    /// A custom classifier decides kinds rabbitkit cannot see: nothing is refused.
+    pub(crate) open: bool,
+}
+
+impl KnownKinds {
+    /// Adds the kinds of a registered type.
+    pub(crate) fn register<E: ErrorKind>(&mut self) {
+        self.types.push(std::any::type_name::<E>());
+        self.names
+            .extend(E::KINDS.iter().map(|k| Cow::Borrowed(*k)));
+    }
+
+    /// Adds kinds given ad hoc ([`Kinded`], [`ResultExt::kind`], a `Failure` of one's own).
+    pub(crate) fn declare(&mut self, kinds: impl IntoIterator<Item = Cow<'static, str>>) {
+        self.names.extend(kinds);
+    }
+
+    /// Whether a failure can carry `kind`.
+    fn knows(&self, kind: &str) -> bool {
+        self.open || BUILTIN_KINDS.contains(&kind) || self.names.contains(kind)
+    }
+
+    /// Refuses the first of `policies` no failure can carry.
+    pub(crate) fn check<'a>(
+        &self,
+        subscriber: &str,
+        mut policies: impl Iterator<Item = &'a String>,
+    ) -> crate::Result<()> {
+        let Some(kind) = policies.find(|k| !self.knows(k)) else {
+            return Ok(());
+        };
+        let mut known: Vec<String> = BUILTIN_KINDS.iter().map(|k| (*k).to_owned()).collect();
+        known.extend(self.names.iter().map(|k| k.to_string()));
+        known.sort();
+        known.dedup();
+        Err(crate::Error::UnknownKind {
+            subscriber: subscriber.to_owned(),
+            kind: kind.clone(),
+            registered: self.types.iter().map(|t| (*t).to_owned()).collect(),
+            known,
+        })
+    }
 }
 
 /// A classifier that knows the kinds of `E` and defers to `inner` for everything else.
@@ -259,7 +332,7 @@ impl KindPolicy {
     }
 }
 
-fn de_opt_durations<'de, D: serde::Deserializer<'de>>(
+pub(crate) fn de_opt_durations<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<Duration>>, D::Error> {
     let raw: Vec<String> = Vec::deserialize(d)?;
@@ -314,6 +387,7 @@ mod tests {
     }
 
     impl ErrorKind for Shop {
+        const KINDS: &'static [&'static str] = &["inventory", "card"];
         fn kind(&self) -> Cow<'static, str> {
             match self {
                 Shop::Stock => "inventory".into(),
@@ -388,6 +462,56 @@ mod tests {
             "net",
             "others keep the inner classifier's kind"
         );
+    }
+
+    #[test]
+    fn on_kind_naming_a_kind_nothing_produces_is_refused_with_what_is_known() {
+        let policies = |ks: &[&str]| ks.iter().map(|k| (*k).to_owned()).collect::<Vec<_>>();
+        let mut known = KnownKinds::default();
+        // Built-in kinds need nothing registered.
+        let builtin = policies(&["timeout", "panic", "decode", "error", "requeue-limit"]);
+        assert!(known.check("charge", builtin.iter()).is_ok());
+        // A kind only a type would produce, with the type not registered.
+        let typed = policies(&["timeout", "card"]);
+        match known.check("charge", typed.iter()) {
+            Err(crate::Error::UnknownKind {
+                subscriber,
+                kind,
+                registered,
+                known,
+            }) => {
+                assert_eq!((subscriber.as_str(), kind.as_str()), ("charge", "card"));
+                assert!(registered.is_empty());
+                assert!(known.contains(&"timeout".to_owned()));
+            }
+            other => panic!("expected UnknownKind, got {other:?}"),
+        }
+        known.register::<Shop>();
+        assert!(
+            known.check("charge", typed.iter()).is_ok(),
+            "Shop lists `card`"
+        );
+        let err = known
+            .check("charge", policies(&["validation"]).iter())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("\"validation\"") && err.contains("Shop") && err.contains("inventory"),
+            "{err}"
+        );
+        // Ad-hoc kinds are declared; a custom classifier is not second-guessed.
+        known.declare([Cow::Borrowed("validation")]);
+        assert!(
+            known
+                .check("charge", policies(&["validation"]).iter())
+                .is_ok()
+        );
+        let open = KnownKinds {
+            open: true,
+            ..KnownKinds::default()
+        };
+        assert!(open.check("charge", policies(&["anything"]).iter()).is_ok());
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub struct Subscriber {
     pub(crate) delivery_limit_set: bool,
     pub(crate) requeue_limit: u32,
     pub(crate) classifier: Arc<dyn Classify>,
+    /// The kinds its failures can carry: `on_kind` policies are checked against them.
+    pub(crate) kinds: crate::kind::KnownKinds,
     pub(crate) prefetch: u16,
     pub(crate) concurrency: usize,
     pub(crate) concurrency_set: bool,
@@ -120,6 +122,7 @@ impl Subscriber {
             delivery_limit_set: false,
             requeue_limit: DEFAULT_REQUEUE_LIMIT,
             classifier: Arc::new(DefaultClassifier),
+            kinds: crate::kind::KnownKinds::default(),
             prefetch: DEFAULT_PREFETCH,
             concurrency: usize::from(DEFAULT_PREFETCH),
             concurrency_set: false,
@@ -248,9 +251,11 @@ impl Subscriber {
     }
 
     /// The error classifier. It replaces the classifier so far, kinds registered with
-    /// [`Subscriber::error_kind`] included: set it first.
+    /// [`Subscriber::error_kind`] included: set it first. Its kinds are its own: `on_kind`
+    /// policies are no longer checked at start against the kinds known to rabbitkit.
     pub fn classifier(mut self, c: impl Classify) -> Self {
         self.classifier = Arc::new(c);
+        self.kinds.open = true;
         self
     }
 
@@ -266,11 +271,30 @@ impl Subscriber {
     /// permanence from `E`'s [`ErrorKind`](crate::kind::ErrorKind) impl, so a `thiserror`
     /// enum's variants get their own kinds, and [`RetryPolicy::on_kind`] their own
     /// policies. Other errors keep the classifier's answer. Repeatable for several types.
+    ///
+    /// `E`'s [`KINDS`](crate::kind::ErrorKind::KINDS) are what `on_kind` policies are
+    /// checked against at start: a policy for a kind nothing produces is refused
+    /// ([`Error::UnknownKind`](crate::Error::UnknownKind)).
     pub fn error_kind<E: crate::kind::ErrorKind>(mut self) -> Self {
+        self.kinds.register::<E>();
         self.classifier = Arc::new(crate::kind::KindsOf::<E> {
             inner: self.classifier,
             _e: std::marker::PhantomData,
         });
+        self
+    }
+
+    /// Declares kinds the handler gives its failures ad hoc, without a registered
+    /// [`ErrorKind`](crate::kind::ErrorKind) type: `.kind("validation")?`
+    /// ([`ResultExt::kind`](crate::kind::ResultExt::kind)), [`Kinded::new`](crate::kind::Kinded::new),
+    /// a `Failure` of its own. `on_kind` policies are checked against the kinds registered
+    /// types list, these, and [`BUILTIN_KINDS`](crate::kind::BUILTIN_KINDS); a policy for a
+    /// kind none of them names is refused at start. Repeatable.
+    pub fn kinds<K>(mut self, kinds: impl IntoIterator<Item = K>) -> Self
+    where
+        K: Into<std::borrow::Cow<'static, str>>,
+    {
+        self.kinds.declare(kinds.into_iter().map(Into::into));
         self
     }
 
@@ -390,10 +414,11 @@ impl Subscriber {
     }
 
     /// Checks without a broker what [`Worker::start`](crate::Worker::start) refuses: names,
-    /// retry policy, topology, settings that would do nothing, and a handler's `Settle`
+    /// retry policy (an `on_kind` policy for a kind no failure can carry included), topology, settings that would do nothing, and a handler's `Settle`
     /// argument outside manual mode.
     pub fn validate(&self) -> crate::Result<()> {
         self.retry.validate()?;
+        self.kinds.check(&self.name, self.retry.kinds.keys())?;
         if self.deadline.is_some_and(|d| d.is_zero()) {
             return Err(crate::Error::Config(format!(
                 "subscriber {:?}: the handler deadline must be above 0 (every run would time out)",
@@ -561,6 +586,59 @@ mod tests {
                 .deadline(Duration::from_secs(2))
                 .effective_deadline(),
             Some(Duration::from_secs(2))
+        );
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("declined")]
+    struct Declined;
+
+    impl crate::kind::ErrorKind for Declined {
+        const KINDS: &'static [&'static str] = &["card"];
+        fn kind(&self) -> std::borrow::Cow<'static, str> {
+            "card".into()
+        }
+    }
+
+    #[test]
+    fn on_kind_for_a_kind_no_registered_type_produces_is_refused_before_start() {
+        use crate::kind::KindPolicy;
+        let sub = || {
+            Subscriber::new("charge", || async { Ok::<(), crate::BoxError>(()) })
+                .on_kind("card", KindPolicy::park())
+        };
+        // The type that produces `card` was never registered: the policy would never apply.
+        assert!(
+            matches!(sub().validate(), Err(crate::Error::UnknownKind { kind, .. }) if kind == "card"),
+            "{:?}",
+            sub().validate()
+        );
+        assert!(sub().error_kind::<Declined>().validate().is_ok());
+        assert!(sub().kinds(["card"]).validate().is_ok(), "declared ad hoc");
+        assert!(
+            sub()
+                .classifier(crate::outcome::DefaultClassifier)
+                .validate()
+                .is_ok(),
+            "a custom classifier's kinds are its own"
+        );
+        // Kinds rabbitkit gives itself need nothing.
+        let builtin = Subscriber::new("charge", || async { Ok::<(), crate::BoxError>(()) })
+            .on_kind("timeout", KindPolicy::park())
+            .on_kind("decode", KindPolicy::park());
+        assert!(builtin.validate().is_ok());
+        // A typo in a kind is refused too, with the registered type named.
+        let typo = sub()
+            .error_kind::<Declined>()
+            .on_kind("crad", KindPolicy::park());
+        let msg = typo
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            msg.contains("\"crad\"") && msg.contains("Declined"),
+            "{msg}"
         );
     }
 

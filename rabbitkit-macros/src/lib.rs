@@ -46,6 +46,8 @@ use syn::{Expr, ExprArray, ExprLit, FnArg, ItemFn, Lit, LitStr, Path, Type};
 /// | `immediate_retries` | `2` | `RetryPolicy::immediate_retries` |
 /// | `jitter` | `true` | `RetryPolicy::jitter` |
 /// | `on_kind` | `("inventory", retry = ["30s", "5m"], max_attempts = 10)`, `("validation", park = true)`; once per kind | `RetryPolicy::on_kind(kind, KindPolicy)` |
+/// | `error_kind` | `ChargeError` or `[ChargeError, StockError]`: types implementing `ErrorKind` | `.error_kind::<ChargeError>()` per type |
+/// | `kinds` | `["validation"]`: kinds the handler gives ad hoc (`.kind("validation")?`) | `.kinds([..])` |
 /// | `prefetch` | `50` (1..=65535) | `.prefetch` |
 /// | `concurrency` | `8` (at least 1) | `.concurrency` |
 /// | `deadline` | `"30s"` | `.deadline` |
@@ -55,7 +57,10 @@ use syn::{Expr, ExprArray, ExprLit, FnArg, ItemFn, Lit, LitStr, Path, Type};
 /// `on_kind("KIND", ...)` gives failures of one error kind a policy of their own, like
 /// `[subscribers.retry.kinds.KIND]` in a worker config file: `park = true` (parked at once),
 /// or its own `retry = [...]` tiers and/or `max_attempts = N` (the others follow the
-/// subscriber's policy). A kind is 1-64 letters, digits, `-`, `_` or `.`.
+/// subscriber's policy). A kind is 1-64 letters, digits, `-`, `_` or `.`. The kinds an
+/// `on_kind` names must be ones the handler's failures can carry: listed by an `error_kind`
+/// type's `KINDS`, declared in `kinds`, or rabbitkit's own (`timeout`, `panic`, `decode`,
+/// `error`, ...); the worker refuses to start otherwise.
 #[proc_macro_attribute]
 pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = TokenStream2::from(item.clone());
@@ -69,11 +74,20 @@ pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut args = Args::default();
     let parser = syn::meta::parser(|meta| args.parse(meta));
     if let Err(e) = parser.parse(attr) {
-        return with_original(e, item2);
+        return with_stand_in(e, &args, &func);
     }
-    match expand(args, func) {
+    let krate = args.krate.clone();
+    let queue = args.queue.as_ref().map(|q| q.value.clone());
+    match expand(args, func.clone()) {
         Ok(ts) => ts.into(),
-        Err(e) => with_original(e, item2),
+        Err(e) => {
+            let known = Args {
+                krate,
+                queue: queue.map(|q| At::new(q, Span::call_site())),
+                ..Args::default()
+            };
+            with_stand_in(e, &known, &func)
+        }
     }
 }
 
@@ -82,6 +96,69 @@ pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
 fn with_original(e: syn::Error, item: TokenStream2) -> TokenStream {
     let err = e.to_compile_error();
     quote!(#err #item).into()
+}
+
+/// A compile error, and what the expansion would have defined, with a subscriber that
+/// never runs (the crate does not compile): the unit struct, `NAME`, `QUEUE`, the function
+/// as written under `handler` and an `IntoSubscriber` impl. Uses of the function
+/// (`Worker::subscribe(orders)`, `orders::handler`) type-check, so the mistake in the
+/// attribute is the only error reported, and the IDE still sees the handler's body. The
+/// stand-in never checks the handler's arguments: a mistake there is reported by the
+/// expansion itself once the attribute is right. A method (an `impl` cannot hold a struct)
+/// keeps the function as written.
+fn with_stand_in(e: syn::Error, args: &Args, func: &ItemFn) -> TokenStream {
+    if func.sig.receiver().is_some() {
+        return with_original(e, quote!(#func));
+    }
+    let err = e.to_compile_error();
+    let krate = args
+        .krate
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(::rabbitkit));
+    let p = quote!(#krate::__private);
+    let vis = &func.vis;
+    let ident = &func.sig.ident;
+    let name_s = ident.to_string();
+    let queue_s = args
+        .queue
+        .as_ref()
+        .map_or(String::new(), |q| q.value.clone());
+    let docs: Vec<_> = func
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .collect();
+    let mut handler = func.clone();
+    handler.sig.ident = format_ident!("handler", span = ident.span());
+    quote! {
+        #err
+        #(#docs)*
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, Default)]
+        #vis struct #ident;
+
+        #[allow(dead_code)]
+        impl #ident {
+            /// The subscriber's name.
+            #vis const NAME: &'static str = #name_s;
+            /// The work queue.
+            #vis const QUEUE: &'static str = #queue_s;
+
+            #handler
+
+            /// Stands in for the configured subscriber while the attribute has an error.
+            #vis fn subscriber() -> #p::Subscriber {
+                #p::Subscriber::new(#queue_s, || async {})
+            }
+        }
+
+        impl #p::IntoSubscriber for #ident {
+            fn into_subscriber(self) -> #p::Subscriber {
+                Self::subscriber()
+            }
+        }
+    }
+    .into()
 }
 
 /// A value with the span of the token it came from.
@@ -118,6 +195,10 @@ struct Args {
     concurrency: Option<At<usize>>,
     deadline: Option<At<u64>>,
     kinds: Vec<KindArg>,
+    /// `error_kind = T` or `[T, U]`: the types, and the key's span.
+    error_kinds: Option<At<Vec<Path>>>,
+    /// `kinds = ["..."]`: kinds given ad hoc.
+    adhoc_kinds: Option<At<Vec<String>>>,
     /// Max acks and max delay (nanoseconds).
     ack_coalescing: Option<At<(u16, u64)>>,
     krate: Option<Path>,
@@ -135,7 +216,8 @@ const KIND_KEYS: &str = "park, retry, max_attempts";
 
 const KEYS: &str = "queue, name, exchange, routing_key, routing_keys, exchange_kind, queue_type, \
                     delivery_limit, tier_queue_type, ack, manual_fallback, requeue_limit, retry, max_attempts, \
-                    immediate_retries, jitter, on_kind, prefetch, concurrency, deadline, ack_coalescing, crate";
+                    immediate_retries, jitter, on_kind, error_kind, kinds, prefetch, concurrency, deadline, \
+                    ack_coalescing, crate";
 
 /// The known key nearest to a misspelt one, if it is near (edit distance at most 2).
 fn closest(key: &str) -> Option<&'static str> {
@@ -302,15 +384,8 @@ fn tiers(e: &Expr, key: &str) -> syn::Result<(Vec<u64>, Span)> {
     Ok((tiers, arr))
 }
 
-/// The inside of `on_kind(...)`: the kind, then `park`, `retry` and `max_attempts`, checked
-/// as `RetryPolicy::validate` checks a kind's policy.
-fn parse_kind(content: syn::parse::ParseStream<'_>, span: Span) -> syn::Result<KindArg> {
-    let lit: LitStr = content.parse().map_err(|e| {
-        syn::Error::new(
-            e.span(),
-            "`on_kind` starts with the kind as a string literal: `on_kind(\"inventory\", ...)`",
-        )
-    })?;
+/// A kind's name: 1-64 letters, digits, `-`, `_` or `.`, as `RetryPolicy::validate` wants.
+fn kind_name(lit: &LitStr) -> syn::Result<String> {
     let name = lit.value();
     if name.is_empty()
         || name.len() > 64
@@ -323,6 +398,40 @@ fn parse_kind(content: syn::parse::ParseStream<'_>, span: Span) -> syn::Result<K
             "a kind is 1-64 characters of letters, digits, '-', '_' or '.'",
         ));
     }
+    Ok(name)
+}
+
+/// `error_kind = T` or `error_kind = [T, U]`: paths of types implementing `ErrorKind`.
+fn type_paths(e: &Expr, key: &str) -> syn::Result<Vec<Path>> {
+    let one = |e: &Expr| match e {
+        Expr::Path(p) if p.qself.is_none() => Ok(p.path.clone()),
+        other => Err(syn::Error::new(
+            other.span(),
+            format!(
+                "`{key}` must be a type implementing `ErrorKind`, e.g. `{key} = ChargeError`, or a list `[ChargeError, StockError]`"
+            ),
+        )),
+    };
+    match e {
+        Expr::Array(a) if a.elems.is_empty() => Err(syn::Error::new(
+            a.span(),
+            format!("`{key} = []` registers nothing: leave it out"),
+        )),
+        Expr::Array(a) => a.elems.iter().map(one).collect(),
+        other => Ok(vec![one(other)?]),
+    }
+}
+
+/// The inside of `on_kind(...)`: the kind, then `park`, `retry` and `max_attempts`, checked
+/// as `RetryPolicy::validate` checks a kind's policy.
+fn parse_kind(content: syn::parse::ParseStream<'_>, span: Span) -> syn::Result<KindArg> {
+    let lit: LitStr = content.parse().map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            "`on_kind` starts with the kind as a string literal: `on_kind(\"inventory\", ...)`",
+        )
+    })?;
+    let name = kind_name(&lit)?;
     let mut park: Option<At<bool>> = None;
     let mut retry: Option<At<Vec<u64>>> = None;
     let mut max_attempts: Option<At<u32>> = None;
@@ -597,6 +706,21 @@ impl Args {
                 }
                 set(&mut self.deadline, At::new(ns, s.span()), span, key)
             }
+            "error_kind" => {
+                let v = type_paths(&value, key)?;
+                set(&mut self.error_kinds, At::new(v, value.span()), span, key)
+            }
+            "kinds" => {
+                let (lits, arr) = strings(&value, key)?;
+                if lits.is_empty() {
+                    return Err(syn::Error::new(
+                        arr,
+                        "`kinds = []` declares nothing: leave it out",
+                    ));
+                }
+                let names = lits.iter().map(kind_name).collect::<syn::Result<_>>()?;
+                set(&mut self.adhoc_kinds, At::new(names, arr), span, key)
+            }
             "ack_coalescing" => {
                 let v = coalescing(&value, key)?;
                 set(&mut self.ack_coalescing, v, span, key)
@@ -862,6 +986,16 @@ fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream2> {
             policy = quote_spanned!(k.kind.span=> #policy.on_kind(#name, #kp));
         }
         calls.push(quote!(.retry(#policy)));
+    }
+    if let Some(types) = &args.error_kinds {
+        for t in &types.value {
+            // Spanned at the type: a type that is no `ErrorKind` is reported there.
+            calls.push(quote_spanned!(t.span()=> .error_kind::<#t>()));
+        }
+    }
+    if let Some(k) = &args.adhoc_kinds {
+        let names = k.value.iter();
+        calls.push(quote!(.kinds([#(#names),*])));
     }
     if let Some(n) = &args.requeue_limit {
         let v = n.value;

@@ -125,13 +125,17 @@ pub mod prelude {
 /// | `exchange_kind` | `"topic"` (default), `"direct"`, `"fanout"`, `"headers"` | [`Subscriber::exchange_kind`] |
 /// | `queue_type` | `"classic"` (default), `"quorum"` | [`Subscriber::queue_type`] |
 /// | `delivery_limit` | `10` (quorum only) | [`Subscriber::delivery_limit`] |
+/// | `tier_queue_type` | `"quorum"` (default), `"classic"` (opt-in: at-most-once dead-lettering out of the tiers) | [`Subscriber::tier_queue_type`] |
 /// | `ack` | `"auto"` (default), `"manual"`, `"nack-on-error"`, `"ack-first"` | [`Subscriber::ack_policy`] |
 /// | `manual_fallback` | `"nack-requeue"` (default), `"auto"`, `"ack"`, `"reject"` | [`Subscriber::manual_fallback`] |
+/// | `requeue_limit` | `20` (default; at least 1) | [`Subscriber::requeue_limit`] |
 /// | `retry` | `["1s", "30s", "5m"]`; `[]` parks on the first failure | [`Subscriber::retry`] |
 /// | `max_attempts` | `5` | [`RetryPolicy::max_attempts`] |
 /// | `immediate_retries` | `2` | [`RetryPolicy::immediate_retries`] |
 /// | `jitter` | `true` / `false` | [`RetryPolicy::jitter`] |
 /// | `on_kind` | `("inventory", retry = ["30s", "5m"], max_attempts = 10)` or `("validation", park = true)`; once per kind | [`RetryPolicy::on_kind`] with a [`KindPolicy`](kind::KindPolicy) |
+/// | `error_kind` | `ChargeError` or `[ChargeError, StockError]`: types implementing [`ErrorKind`](kind::ErrorKind) | [`Subscriber::error_kind`] per type |
+/// | `kinds` | `["validation"]`: kinds the handler gives ad hoc | [`Subscriber::kinds`] |
 /// | `prefetch` | `50` (1..=65535) | [`Subscriber::prefetch`] |
 /// | `concurrency` | `8` (at least 1) | [`Subscriber::concurrency`] |
 /// | `deadline` | `"30s"` | [`Subscriber::deadline`] |
@@ -141,6 +145,13 @@ pub mod prelude {
 /// `on_kind` is the attribute's form of `[subscribers.retry.kinds.KIND]` in a worker config
 /// file: `park = true` parks failures of that kind at once; `retry` and `max_attempts` give
 /// them their own tiers and limit, the subscriber's policy filling in what is left out.
+/// The kinds it names must be ones the handler's failures can carry: listed by an
+/// `error_kind` type's [`KINDS`](kind::ErrorKind::KINDS), declared in `kinds`, or
+/// rabbitkit's own ([`BUILTIN_KINDS`](kind::BUILTIN_KINDS)); otherwise the worker refuses
+/// to start ([`Error::UnknownKind`]), since the policy would never apply.
+///
+/// A mistake in the attribute is one compile error: the function still becomes its unit
+/// struct (with a stand-in subscriber), so its uses are not reported too.
 ///
 /// Compile errors point at the offending token: an unknown key, a value of the wrong type,
 /// a bad duration, a non-async or generic function, `ack = "manual"` without a [`Settle`]

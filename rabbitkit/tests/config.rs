@@ -76,7 +76,12 @@ fn on_kind_in_the_attribute_is_the_policy_of_the_config_file_and_the_builder() {
         "#,
     )
     .unwrap();
-    let from_file = cfg.subscribers[0].retry.clone().unwrap();
+    // Every key given: the registered policy is replaced whole.
+    let from_file = cfg.subscribers[0]
+        .retry
+        .clone()
+        .unwrap()
+        .apply(RetryPolicy::none());
     let by_hand = RetryPolicy::new([Duration::from_secs(1), Duration::from_secs(30)])
         .max_attempts(4)
         .on_kind("validation", KindPolicy::park())

@@ -190,6 +190,104 @@ async fn list_and_show_describe_parked_messages_and_leave_them_parked() {
 }
 
 #[tokio::test]
+async fn list_and_show_take_the_filters_of_replay() {
+    let vh = Broker::from_env().vhost("cli-list-filters");
+    park(&vh, &["body-0", "card-1", "body-2"]).await;
+
+    let r = cli(
+        &vh,
+        &["parking", "list", "orders", "--error-kind", "card-declined"],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.out.starts_with("orders.parking: 3 parked, 1 matching\n"),
+        "{r:?}"
+    );
+    let lines: Vec<_> = r.out.lines().skip(1).collect();
+    assert_eq!(lines.len(), 1, "{r:?}");
+    assert!(lines[0].starts_with("m-1  reason=handler"), "{r:?}");
+
+    // `--reason` is `--park-reason`, as on replay; JSON says how many match.
+    let r = cli(
+        &vh,
+        &[
+            "parking",
+            "list",
+            "orders",
+            "--reason",
+            "max-attempts",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let doc: serde_json::Value = serde_json::from_str(&r.out).expect("list --json is JSON");
+    assert_eq!(doc["parked"], 3);
+    assert_eq!(doc["matching"], 2);
+    let ids: Vec<_> = doc["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["message_id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(ids, ["m-0", "m-2"], "{r:?}");
+
+    // Ages: all were parked within the hour, none over an hour ago.
+    let r = cli(&vh, &["parking", "list", "orders", "--older-than", "1h"]).await;
+    assert!(
+        r.out.starts_with("orders.parking: 3 parked, 0 matching\n"),
+        "{r:?}"
+    );
+    let r = cli(
+        &vh,
+        &["parking", "list", "orders", "--since", "1h", "--limit", "1"],
+    )
+    .await;
+    assert!(
+        r.out.starts_with("orders.parking: 3 parked, 3 matching\n"),
+        "{r:?}"
+    );
+    assert!(r.out.contains("... 2 more not shown"), "{r:?}");
+
+    let r = cli(
+        &vh,
+        &["parking", "show", "orders", "--error-kind", "card-declined"],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.out.starts_with("orders.parking: 3 parked, 1 shown\n"),
+        "{r:?}"
+    );
+    assert!(r.out.contains("property message-id: m-1"), "{r:?}");
+    assert!(!r.out.contains("message-id: m-0"), "{r:?}");
+
+    // An id the other filters rule out is not found.
+    let r = cli(
+        &vh,
+        &[
+            "parking",
+            "show",
+            "orders",
+            "--message-id",
+            "m-0",
+            "--error-kind",
+            "card-declined",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+    assert!(r.err.contains("that the other filters pick"), "{r:?}");
+
+    assert_eq!(
+        vh.depth("orders.parking").await,
+        3,
+        "reading removed nothing"
+    );
+}
+
+#[tokio::test]
 async fn replay_filters_move_only_matching_messages_and_only_to_the_work_queue() {
     let vh = Broker::from_env().vhost("cli-replay");
     park(&vh, &["body-0", "card-1", "body-2", "card-3"]).await;

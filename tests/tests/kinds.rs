@@ -46,6 +46,7 @@ enum ShopError {
 }
 
 impl ErrorKind for ShopError {
+    const KINDS: &'static [&'static str] = &["inventory", "card"];
     fn kind(&self) -> Cow<'static, str> {
         match self {
             ShopError::OutOfStock => "inventory".into(),
@@ -84,7 +85,8 @@ async fn kinds_route_failures_to_their_own_policy_and_are_written_as_evidence() 
         }
     })
     .retry(policy)
-    .error_kind::<ShopError>();
+    .error_kind::<ShopError>()
+    .kinds(["validation"]);
     let w = vh.start_worker(sub).await;
     publish(&vh, "v-1", b"invalid").await;
     publish(&vh, "s-1", b"stock").await;

@@ -80,6 +80,9 @@ pub fn topologies(config: &WorkerConfig) -> Result<Vec<Topology>> {
             // to refuse (`from_config`), not the topology tool's.
             sub.fallback_set = false;
             sub.delivery_limit_set = false;
+            // Nor the kinds its errors carry: a `kinds.NAME` policy is checked by the
+            // worker, which knows the handler's registered error types.
+            sub.kinds.open = true;
             sub.validate()?;
             Ok(sub.full_topology())
         })
@@ -166,7 +169,8 @@ fn apply(s: &SubscriberConfig, mut sub: Subscriber) -> Subscriber {
         sub = sub.deadline(d);
     }
     if let Some(r) = &s.retry {
-        sub = sub.retry(r.clone());
+        let registered = sub.retry.clone();
+        sub = sub.retry(r.apply(registered));
     }
     if let Some(c) = s.ack_coalescing {
         sub = sub.ack_coalescing(c.max_acks, c.max_delay);

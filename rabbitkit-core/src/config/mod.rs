@@ -21,12 +21,14 @@
 mod build;
 mod locate;
 mod registry;
+mod retry;
 mod section;
 
 use std::path::Path;
 
 pub use build::{check, from_config, topologies};
 pub use registry::Handlers;
+pub use retry::RetrySection;
 pub use section::{
     ConnectionSection, LogFormat, LogLevel, Observability, SubscriberConfig, TopologySection,
     WorkerConfig,

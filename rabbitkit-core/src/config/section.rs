@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::retry::RetrySection;
 use crate::coalesce::AckCoalescing;
 use crate::connection::{
     ConnectionConfig, NodeOrder, TlsConfig, de_urls, default_connect_timeout, default_heartbeat,
@@ -262,8 +263,10 @@ pub struct SubscriberConfig {
     /// Deadline of one handler run; past it the run fails with `timeout` (retried).
     #[serde(with = "humantime_serde::option", default)]
     pub deadline: Option<Duration>,
-    /// `[subscribers.retry]`: tiers, max-attempts, immediate retries ([`RetryPolicy`]).
-    pub retry: Option<RetryPolicy>,
+    /// `[subscribers.retry]`: tiers, max-attempts, immediate retries, kinds
+    /// ([`RetrySection`]); each key given overrides the registered policy's, a key left
+    /// out keeps it.
+    pub retry: Option<RetrySection>,
     /// `ack-coalescing = { max-acks = 32, max-delay = "5ms" }`: a run of successes acked
     /// with one multiple ack ([`AckCoalescing`]); off unless given. `max-acks` 1..=prefetch,
     /// `max-delay` at most 1 s.
@@ -342,11 +345,15 @@ impl WorkerConfig {
                     .map_err(|(k, m)| (at(&format!("ack-coalescing.{k}")), m))?;
             }
             if let Some(r) = &s.retry {
-                if r.max_attempts == 0 {
+                if r.max_attempts == Some(0) {
                     return Err((at("retry.max-attempts"), "must be at least 1".into()));
                 }
                 crate::kind::validate(&r.kinds).map_err(|e| (at("retry.kinds"), e.to_string()))?;
-                r.validate()
+                // The tiers this section gives (the registered ones are the code's to check).
+                let mut given = RetryPolicy::new(r.tiers.iter().flatten().copied());
+                given.kinds.clone_from(&r.kinds);
+                given
+                    .validate()
                     .map_err(|e| (at("retry.tiers"), e.to_string()))?;
             }
         }

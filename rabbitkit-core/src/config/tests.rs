@@ -19,7 +19,11 @@ fn handlers() -> Handlers {
     Handlers::new()
         .handler("greet", ok)
         .handler("flaky", ok)
-        .handler("orders", ok)
+        // The reference file gives the orders subscriber policies for these kinds.
+        .subscriber(
+            "orders",
+            Subscriber::new("", ok).kinds(["validation", "inventory"]),
+        )
 }
 
 fn parse(src: &str) -> WorkerConfig {
@@ -239,6 +243,45 @@ jitter = true
             kinds: Default::default(),
         }
     );
+}
+
+#[test]
+fn a_retry_table_overrides_only_the_keys_it_gives() {
+    let tiers = [Duration::from_millis(200), Duration::from_secs(5)];
+    let registered = Subscriber::new("ignored", ok).retry(
+        RetryPolicy::new(tiers)
+            .max_attempts(3)
+            .immediate_retries(1)
+            .on_kind("timeout", crate::kind::KindPolicy::park()),
+    );
+    let h = Handlers::new().subscriber("greet", registered);
+    // `max-attempts` alone: the registered tiers, immediate retries and kinds stay.
+    let src = format!("{MINIMAL}[subscribers.retry]\nmax-attempts = 8\n");
+    let w = from_config(&parse(&src), &h).unwrap_or_else(|e| panic!("{e}"));
+    let r = &w.subscribers[0].retry;
+    assert_eq!(r.tiers, tiers, "tiers left out keep the registered ones");
+    assert_eq!(r.max_attempts, 8);
+    assert_eq!(r.immediate_retries, 1);
+    assert!(r.kinds.contains_key("timeout"));
+    // A kind given is added to the registered ones; tiers given replace them.
+    let src = format!(
+        "{MINIMAL}[subscribers.retry]\ntiers = [\"1m\"]\n[subscribers.retry.kinds.decode]\npark = true\n"
+    );
+    let w = from_config(&parse(&src), &h).unwrap_or_else(|e| panic!("{e}"));
+    let r = &w.subscribers[0].retry;
+    assert_eq!(r.tiers, [Duration::from_secs(60)]);
+    assert_eq!(
+        r.max_attempts, 3,
+        "max-attempts left out keeps the registered 3"
+    );
+    assert_eq!(
+        r.kinds.keys().collect::<Vec<_>>(),
+        ["decode", "timeout"],
+        "kinds are merged"
+    );
+    // A zero limit given is still refused at its key.
+    let (key, ..) = file_error(&format!("{MINIMAL}[subscribers.retry]\nmax-attempts = 0\n"));
+    assert_eq!(key, "subscribers[0].retry.max-attempts");
 }
 
 #[test]

@@ -307,6 +307,38 @@ impl Topology {
         found
     }
 
+    /// [`Topology::legacy_tiers_on`] through the management API, which answers 404 for a
+    /// queue that does not exist without closing any channel; `None` without a management
+    /// URL.
+    async fn legacy_tiers_via_management(
+        &self,
+        connection: &ConnectionConfig,
+    ) -> Result<Option<Vec<LegacyTier>>> {
+        if self.tier_queue_type == QueueType::Classic {
+            return Ok(Some(Vec::new()));
+        }
+        let Some(api) = self.site(connection)?.management else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        for delay in retry_dedup(&self.tiers) {
+            let queue = retry::classic_tier_queue(&self.queue, delay);
+            if let Some(q) = api.queue(&queue).await? {
+                // Statistics lag a queue's creation: an absent count is 0.
+                let messages = q
+                    .get("messages")
+                    .and_then(serde_json::Value::as_u64)
+                    .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+                out.push(LegacyTier {
+                    delay,
+                    queue,
+                    messages,
+                });
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// The classic tiers of this topology's delays that exist, for a quorum-tier topology
     /// (empty for a classic-tier one, whose tiers they are).
     pub(crate) async fn legacy_tiers_on(&self, conn: &Connection) -> Result<Vec<LegacyTier>> {
@@ -330,10 +362,22 @@ impl Topology {
     /// Logs a warning for each classic tier of this topology's delays that still exists,
     /// and for a parking queue of another shape than this release declares (the classic
     /// parking queue of an earlier release): what a worker says once at start.
-    pub(crate) async fn warn_legacy_tiers(&self, conn: &Connection) {
+    ///
+    /// The tiers are looked for through the management API only ([`Topology::management`]);
+    /// without one they are not looked for at start (a debug line says so), since the one
+    /// AMQP way to ask, a passive declare, makes the broker close the channel with 404 when
+    /// the queue does not exist, the healthy case, and lapin logs every channel the broker
+    /// closes at ERROR from its own target (`lapin::channel`, "Channel closed"), whatever
+    /// rabbitkit makes of the answer. [`Topology::legacy_tiers`] and `rabbitkit topology
+    /// migrate` still ask over AMQP when run on purpose.
+    pub(crate) async fn warn_legacy_tiers(&self, conn: &Connection, connection: &ConnectionConfig) {
         self.warn_other_parking_queue(conn).await;
-        let found = match self.legacy_tiers_on(conn).await {
-            Ok(found) => found,
+        let found = match self.legacy_tiers_via_management(connection).await {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                tracing::debug!(queue = %self.queue, "classic delay tiers of an earlier release are not looked for without a management URL (rabbitkit topology migrate --help)");
+                return;
+            }
             Err(e) => {
                 tracing::debug!(queue = %self.queue, error = %e, "could not look for classic delay tiers");
                 return;

@@ -224,7 +224,9 @@ impl Worker {
             }
             // Classic tiers of an earlier release keep expiring into the work queue, but
             // at-most-once: say so, with the command that moves them.
-            topology.warn_legacy_tiers(&conn.conn).await;
+            topology
+                .warn_legacy_tiers(&conn.conn, &self.connection)
+                .await;
         }
         let trust = match self.header_trust.clone() {
             Some(t) => t,

@@ -71,6 +71,9 @@ pub(crate) enum ParkingCommand {
     List {
         /// The work queue whose parking queue to read.
         work_queue: String,
+        /// Which messages: the filters of `replay`.
+        #[command(flatten)]
+        filters: Filters,
         /// Most messages to summarise.
         #[arg(long, default_value_t = 100)]
         limit: usize,
@@ -82,9 +85,10 @@ pub(crate) enum ParkingCommand {
     Show {
         /// The work queue whose parking queue to read.
         work_queue: String,
-        /// Only the message with this message id (an error when none has it).
-        #[arg(long)]
-        message_id: Option<String>,
+        /// Which messages: the filters of `replay` (with `--message-id`, an error when
+        /// none has it).
+        #[command(flatten)]
+        filters: Filters,
         /// Most messages to show.
         #[arg(long, default_value_t = 10)]
         limit: usize,
@@ -115,6 +119,41 @@ pub(crate) enum ParkingCommand {
     },
 }
 
+/// The filters `parking list` and `show` share with `replay`: a message is listed when it
+/// passes every filter given.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct Filters {
+    /// Only the message with this message id.
+    #[arg(long)]
+    pub(crate) message_id: Option<String>,
+    /// Only messages whose last error kind is this (`error`, `timeout`, `decode`, ...).
+    #[arg(long)]
+    pub(crate) error_kind: Option<String>,
+    /// Only messages parked for this reason: rabbitkit's (`max-attempts`, `permanent`,
+    /// `decode`, ...) or the broker's dead-letter reason (`rejected`, `delivery_limit`, ...).
+    #[arg(long, visible_alias = "reason")]
+    pub(crate) park_reason: Option<String>,
+    /// Only messages parked at least this long ago (`10m`, `2h`); messages of unknown age
+    /// are left out.
+    #[arg(long, value_parser = duration)]
+    pub(crate) older_than: Option<Duration>,
+    /// Only messages parked less than this long ago (`10m`, `2h`); messages of unknown age
+    /// are left out.
+    #[arg(long, value_parser = duration, visible_alias = "since")]
+    pub(crate) newer_than: Option<Duration>,
+}
+
+impl Filters {
+    /// Whether any filter is given.
+    pub(crate) fn any(&self) -> bool {
+        self.message_id.is_some()
+            || self.error_kind.is_some()
+            || self.park_reason.is_some()
+            || self.older_than.is_some()
+            || self.newer_than.is_some()
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
     /// The work queue to replay into (its parking queue is `<work-queue>.parking`).
@@ -130,7 +169,7 @@ pub(crate) struct ReplayArgs {
     pub(crate) error_kind: Option<String>,
     /// Only messages parked for this reason: rabbitkit's (`max-attempts`, `permanent`,
     /// `decode`, ...) or the broker's dead-letter reason (`rejected`, `delivery_limit`, ...).
-    #[arg(long)]
+    #[arg(long, visible_alias = "reason")]
     pub(crate) park_reason: Option<String>,
     /// List what would be replayed, and replay nothing.
     #[arg(long)]

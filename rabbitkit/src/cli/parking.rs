@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rabbitkit_core::amqp::AMQPValue;
 use serde_json::{Value, json};
 
-use super::args::{ParkingCommand, ReplayArgs};
+use super::args::{Filters, ParkingCommand, ReplayArgs};
 use super::{Done, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Io};
 use crate::topology::ParkingMigration;
 use crate::{ConnectionConfig, ParkedMessage, Parking, ReplayOptions, Topology};
@@ -34,16 +34,21 @@ pub(crate) async fn run(
     }
     let parking = Parking::new(connection.clone(), work_queue.as_str())?;
     let done = match cmd {
-        ParkingCommand::List { limit, json, .. } => list(&parking, limit, json, io).await,
+        ParkingCommand::List {
+            filters,
+            limit,
+            json,
+            ..
+        } => list(&parking, &filters, limit, json, io).await,
         ParkingCommand::Show {
-            message_id,
+            filters,
             limit,
             body_bytes,
             json,
             ..
         } => {
             let view = View { body_bytes, json };
-            show(&parking, message_id, limit, view, io).await
+            show(&parking, &filters, limit, view, io).await
         }
         ParkingCommand::Replay(args) => replay(&parking, args, io).await,
         ParkingCommand::Purge { .. } => purge(&parking, io).await,
@@ -98,22 +103,75 @@ async fn purge(parking: &Parking, io: &mut Io<'_>) -> Done {
     Ok(EXIT_OK)
 }
 
-async fn list(parking: &Parking, limit: usize, json: bool, io: &mut Io<'_>) -> Done {
+impl Filters {
+    /// Whether `m` passes every filter given (`now` for the ages).
+    fn matches(&self, m: &ParkedMessage, now: SystemTime) -> bool {
+        let age = m.age(now);
+        self.message_id
+            .as_deref()
+            .is_none_or(|id| m.message_id() == Some(id))
+            && self
+                .error_kind
+                .as_deref()
+                .is_none_or(|k| m.error_kind.as_deref() == Some(k))
+            && self
+                .park_reason
+                .as_deref()
+                .is_none_or(|r| m.reason.as_deref() == Some(r))
+            && self.older_than.is_none_or(|o| age.is_some_and(|a| a >= o))
+            && self.newer_than.is_none_or(|n| age.is_some_and(|a| a < n))
+    }
+}
+
+/// The parked messages `filters` pick, at most `limit`, and how many match in all (`None`
+/// without filters: then only `limit` messages are read). Every message read is left
+/// parked, in order.
+async fn picked(
+    parking: &Parking,
+    filters: &Filters,
+    limit: usize,
+    now: SystemTime,
+) -> rabbitkit_core::Result<(Vec<ParkedMessage>, Option<usize>)> {
+    if !filters.any() {
+        return Ok((parking.peek(limit).await?, None));
+    }
+    let all = parking.peek(usize::MAX).await?;
+    let matching: Vec<_> = all
+        .into_iter()
+        .filter(|m| filters.matches(m, now))
+        .collect();
+    let n = matching.len();
+    Ok((matching.into_iter().take(limit).collect(), Some(n)))
+}
+
+async fn list(
+    parking: &Parking,
+    filters: &Filters,
+    limit: usize,
+    json: bool,
+    io: &mut Io<'_>,
+) -> Done {
     let count = parking.count().await?;
     let now = SystemTime::now();
-    let shown = parking.peek(limit).await?;
+    let (shown, matching) = picked(parking, filters, limit, now).await?;
     if json {
         let messages: Vec<_> = shown.iter().map(|m| summary_json(m, now)).collect();
-        let doc = json!({ "queue": parking.queue(), "parked": count, "messages": messages });
+        let mut doc = json!({ "queue": parking.queue(), "parked": count, "messages": messages });
+        if let Some(n) = matching {
+            doc["matching"] = json!(n);
+        }
         writeln!(io.out, "{}", serde_json::to_string_pretty(&doc)?)?;
         return Ok(EXIT_OK);
     }
-    writeln!(io.out, "{}: {count} parked", parking.queue())?;
+    match matching {
+        Some(n) => writeln!(io.out, "{}: {count} parked, {n} matching", parking.queue())?,
+        None => writeln!(io.out, "{}: {count} parked", parking.queue())?,
+    }
     for m in &shown {
         writeln!(io.out, "{}", summary(m, now))?;
     }
-    let more = usize::try_from(count)
-        .unwrap_or(usize::MAX)
+    let more = matching
+        .unwrap_or_else(|| usize::try_from(count).unwrap_or(usize::MAX))
         .saturating_sub(shown.len());
     if more > 0 {
         writeln!(io.out, "... {more} more not shown (--limit)")?;
@@ -168,34 +226,32 @@ fn age(d: Duration) -> String {
 
 async fn show(
     parking: &Parking,
-    message_id: Option<String>,
+    filters: &Filters,
     limit: usize,
     view: View,
     io: &mut Io<'_>,
 ) -> Done {
-    // To find one id every parked message is read; all of them are requeued by `peek`.
-    let wanted = if message_id.is_some() {
-        usize::MAX
-    } else {
-        limit
-    };
-    let peeked = parking.peek(wanted).await?;
-    let total = peeked.len();
-    let shown: Vec<_> = peeked
-        .into_iter()
-        .filter(|m| message_id.is_none() || m.message_id() == message_id.as_deref())
-        .take(limit)
-        .collect();
-    if let (Some(id), true) = (&message_id, shown.is_empty()) {
+    // With a filter every parked message is read; all of them are requeued by `peek`.
+    let now = SystemTime::now();
+    let (shown, _) = picked(parking, filters, limit, now).await?;
+    let count = parking.count().await?;
+    if let (Some(id), true) = (&filters.message_id, shown.is_empty()) {
+        let also = if filters.error_kind.is_some()
+            || filters.park_reason.is_some()
+            || filters.older_than.is_some()
+            || filters.newer_than.is_some()
+        {
+            " that the other filters pick"
+        } else {
+            ""
+        };
         writeln!(
             io.err,
-            "rabbitkit: no message with id {id:?} among the {total} in {}",
+            "rabbitkit: no message with id {id:?}{also} among the {count} in {}",
             parking.queue()
         )?;
         return Ok(EXIT_FAILED);
     }
-    let count = parking.count().await?;
-    let now = SystemTime::now();
     if view.json {
         let messages: Vec<_> = shown
             .iter()

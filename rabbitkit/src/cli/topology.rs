@@ -195,7 +195,8 @@ async fn prune(connection: &ConnectionConfig, args: PruneArgs, io: &mut Io<'_>) 
         if args.work_queue.as_ref().is_some_and(|q| *q != t.queue) {
             continue;
         }
-        if s.retry.is_none() {
+        // `[subscribers.retry]` without `tiers` keeps the handler's own tiers too.
+        if s.retry.as_ref().is_none_or(|r| r.tiers.is_none()) {
             skipped.insert(t.queue.clone());
         } else {
             judged.push(t);
@@ -228,7 +229,7 @@ async fn prune(connection: &ConnectionConfig, args: PruneArgs, io: &mut Io<'_>) 
         .iter()
         .filter(|(_, o)| matches!(o, PruneOutcome::Kept(_)))
         .count();
-    let why_skipped = "its [subscribers.retry] is not in the file (the handler's code may set the schedule): its tiers are not judged";
+    let why_skipped = "its [subscribers.retry] tiers are not in the file (the handler's code may set the schedule): its tiers are not judged";
     if args.json {
         let unused: Vec<_> = unused
             .iter()
