@@ -74,21 +74,25 @@ pub enum ParkReason {
     /// Its retry or parking copy can never be published as it is (body or headers too
     /// large): a trimmed copy was parked.
     Unpublishable,
+    /// rabbitkit's own headers carried a signature that does not verify (a forgery, or
+    /// workers that do not share a key): parked without running the handler.
+    BadSignature,
 }
 
 impl ParkReason {
     /// Every reason (the bounded set of the `reason` metric label).
-    pub const ALL: [ParkReason; 6] = [
+    pub const ALL: [ParkReason; 7] = [
         ParkReason::MaxAttempts,
         ParkReason::Permanent,
         ParkReason::Decode,
         ParkReason::Handler,
         ParkReason::RequeueLimit,
         ParkReason::Unpublishable,
+        ParkReason::BadSignature,
     ];
 
     /// The header value: `max-attempts`, `permanent`, `decode`, `handler`,
-    /// `requeue-limit`, `unpublishable`.
+    /// `requeue-limit`, `unpublishable`, `bad-signature`.
     pub fn as_str(self) -> &'static str {
         match self {
             ParkReason::MaxAttempts => "max-attempts",
@@ -97,6 +101,7 @@ impl ParkReason {
             ParkReason::Handler => "handler",
             ParkReason::RequeueLimit => "requeue-limit",
             ParkReason::Unpublishable => "unpublishable",
+            ParkReason::BadSignature => "bad-signature",
         }
     }
 }
@@ -165,6 +170,9 @@ impl Decision {
 pub fn decide(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> Decision {
     match spec.policy {
         AckPolicy::Auto => auto(spec, delivery, outcome),
+        // The transaction (crate::inbox) commits before an `Ack` and rolls back otherwise;
+        // the decision itself is auto's.
+        AckPolicy::Transactional => auto(spec, delivery, outcome),
         AckPolicy::NackOnError => match outcome {
             Outcome::Error(_) => Decision::Reject,
             other => auto(spec, delivery, other),
@@ -216,10 +224,10 @@ pub(crate) fn auto(spec: &SettleSpec, delivery: &Delivery, outcome: Outcome) -> 
         }
         Outcome::Retry { after, failure } => retry_or_park(spec, delivery, after, failure),
         Outcome::Park(failure) => {
-            let reason = if failure.kind == "decode" {
-                ParkReason::Decode
-            } else {
-                ParkReason::Handler
+            let reason = match failure.kind.as_ref() {
+                "decode" => ParkReason::Decode,
+                "bad-signature" => ParkReason::BadSignature,
+                _ => ParkReason::Handler,
             };
             park(spec, delivery, reason, failure)
         }

@@ -85,6 +85,7 @@ impl Delivery {
             attempt: None,
             requeues: 0,
             ignore_own_headers: None,
+            x_death_floor: true,
         }
     }
 
@@ -206,6 +207,7 @@ pub struct DeliveryBuilder {
     attempt: Option<u32>,
     requeues: u32,
     ignore_own_headers: Option<&'static str>,
+    x_death_floor: bool,
 }
 
 impl DeliveryBuilder {
@@ -215,6 +217,14 @@ impl DeliveryBuilder {
     /// believes them once verified.
     pub fn ignore_own_headers(mut self, why: &'static str) -> Self {
         self.ignore_own_headers = Some(why);
+        self
+    }
+
+    /// The own headers are signed: the attempt header is the authority, and `x-death`
+    /// (which a producer can write on RabbitMQ 3.10-3.13, and which a copy carries on) is
+    /// not read as a floor.
+    pub fn signed_headers(mut self) -> Self {
+        self.x_death_floor = false;
         self
     }
 
@@ -275,23 +285,25 @@ impl DeliveryBuilder {
             self = self.header(headers::ATTEMPT, AMQPValue::LongLongInt(i64::from(n)));
         }
         let believed;
-        let hdrs = match self.ignore_own_headers {
-            None => self.properties.headers().as_ref(),
-            Some(_) => {
-                let mut map = self
-                    .properties
-                    .headers()
-                    .as_ref()
-                    .map(|h| h.inner().clone())
-                    .unwrap_or_default();
-                // `x-death` too: a producer can write it on RabbitMQ 3.10-3.13, and its
-                // expiries would count as attempts.
-                for name in crate::trust::SIGNED.iter().chain(&["x-death"]) {
-                    map.remove(*name);
+        let hdrs = if self.ignore_own_headers.is_none() && self.x_death_floor {
+            self.properties.headers().as_ref()
+        } else {
+            let mut map = self
+                .properties
+                .headers()
+                .as_ref()
+                .map(|h| h.inner().clone())
+                .unwrap_or_default();
+            // `x-death` in both cases: a producer can write it on RabbitMQ 3.10-3.13, and
+            // its expiries would count as attempts.
+            map.remove("x-death");
+            if self.ignore_own_headers.is_some() {
+                for name in crate::trust::SIGNED {
+                    map.remove(name);
                 }
-                believed = FieldTable::from(map);
-                Some(&believed)
             }
+            believed = FieldTable::from(map);
+            Some(&believed)
         };
         let mut attempt = Attempt::from_headers(hdrs, &self.queue);
         if let Some(why) = self.ignore_own_headers {

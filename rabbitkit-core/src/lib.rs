@@ -12,6 +12,9 @@ pub mod extract;
 pub mod handler;
 pub mod headers;
 pub mod idempotency;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod inbox;
 pub mod kind;
 pub mod manual;
 mod names;

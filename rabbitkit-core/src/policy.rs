@@ -21,6 +21,13 @@ pub enum AckPolicy {
     /// At-most-once: ack on receipt, before the handler runs. A crash or failure loses the
     /// message. Only for data that may be lost.
     AckFirst,
+    /// Exactly-once effects in Postgres (feature `postgres`; `docs/EXACTLY-ONCE.md`): each
+    /// delivery is claimed in the worker's inbox ([`Worker::postgres`](crate::Worker)) inside
+    /// a transaction the handler writes through (the `Tx` extractor); `Ok` commits, then
+    /// acks; a committed duplicate is acked without running; failures roll back and are
+    /// decided as in `Auto` (no immediate in-process retries: the transaction is spent).
+    /// Refused at start without the feature or without an inbox.
+    Transactional,
 }
 
 /// What happens when a manual-mode handler returns cleanly (`Ok`) without settling.

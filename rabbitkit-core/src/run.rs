@@ -95,7 +95,12 @@ impl Runner {
                 Outcome::Error(e) => self.spec.classifier.classify(e) == ErrorClass::Retryable,
                 _ => false,
             };
-            let manual = self.spec.policy == AckPolicy::Manual;
+            // Transactional mode: a failed run has spent (or aborted) its transaction, so
+            // it is never re-run in place (crate::inbox).
+            let manual = matches!(
+                self.spec.policy,
+                AckPolicy::Manual | AckPolicy::Transactional
+            );
             if retryable && !manual && immediate < self.spec.retry.immediate_retries {
                 let pause = self.spec.retry.immediate_pause(immediate);
                 immediate += 1;
@@ -161,6 +166,8 @@ impl Runner {
     ) -> Decision {
         let decision = match (outcome, manual.map(|m| &m.settle)) {
             (None, Some(s)) if !s.claim() => Decision::Nothing,
+            // Acked on receipt: nothing left to settle.
+            (None, None) if self.spec.policy == AckPolicy::AckFirst => Decision::Nothing,
             // Shutdown deadline passed: requeue the straggler.
             (None, _) => Decision::Requeue,
             (Some(o), Some(s)) => {

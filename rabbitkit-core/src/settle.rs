@@ -279,7 +279,9 @@ impl Settler {
         key: crate::requeues::Key,
         seen: u32,
     ) -> SettleReport {
-        if matches!(decision, Decision::Requeue) {
+        // A requeue on a channel that is gone is no requeue: the broker gives the message
+        // back by itself, and a pause would only hold the delivery's slot.
+        if matches!(decision, Decision::Requeue) && original.usable() {
             // This message's own requeues pace it: the second waits, and each further one
             // longer, whatever happens to the subscriber's other messages.
             let before = self.requeues.get(key).max(seen);

@@ -69,11 +69,12 @@ macro_rules! counters {
             in_flight_now: AtomicU64,
             /// Handlers cut off at the shutdown deadline (their deliveries requeued).
             pub(crate) stragglers: AtomicU64,
-            /// When these counters were made: the origin of `last_settled`.
+            /// When these counters were made: the origin of `last_progress`.
             born: std::time::Instant,
-            /// Milliseconds after `born` when a delivery last finished (settled, or handed
-            /// back): what tells a stalled subscriber from a busy one.
-            last_settled: AtomicU64,
+            /// Milliseconds after `born` when a delivery last started or finished: what
+            /// tells a stalled subscriber from a busy one (no delivery starts while every
+            /// slot is taken, so this is the time since the slots last moved).
+            last_progress: AtomicU64,
             /// The work queue (span attributes).
             #[cfg_attr(not(feature = "otel"), allow(dead_code))]
             pub(crate) queue: String,
@@ -114,7 +115,7 @@ macro_rules! counters {
                     in_flight_now: AtomicU64::new(0),
                     stragglers: AtomicU64::new(0),
                     born: std::time::Instant::now(),
-                    last_settled: AtomicU64::new(0),
+                    last_progress: AtomicU64::new(0),
                     queue: labels.queue.clone(),
                 }
             }
@@ -303,6 +304,7 @@ impl Counters {
         self.in_flight.increment(1.0);
         self.in_flight_now.fetch_add(1, Ordering::Relaxed);
         self.consumed_messages.increment(1);
+        self.progress();
         InFlight(self, std::time::Instant::now())
     }
 
@@ -311,15 +313,21 @@ impl Counters {
         self.in_flight_now.load(Ordering::Relaxed)
     }
 
+    /// Notes that a delivery started or finished now.
+    fn progress(&self) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_progress.fetch_max(now, Ordering::Relaxed);
+    }
+
     /// Whether the subscriber consumes nothing: all of its `slots` are taken and no
-    /// delivery has finished for longer than `limit` (handlers that hang, or are stuck
+    /// delivery has started or finished for longer than `limit` (handlers that hang, or are stuck
     /// with no deadline, while the broker holds the rest of the queue back).
     pub(crate) fn stalled(&self, slots: u64, limit: Duration) -> bool {
         if self.in_flight_now() < slots.max(1) {
             return false;
         }
         let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = self.last_settled.load(Ordering::Relaxed);
+        let last = self.last_progress.load(Ordering::Relaxed);
         let limit = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
         now.saturating_sub(last) > limit
     }
@@ -346,8 +354,7 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.in_flight.decrement(1.0);
         self.0.in_flight_now.fetch_sub(1, Ordering::Relaxed);
-        let now = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.0.last_settled.fetch_max(now, Ordering::Relaxed);
+        self.0.progress();
         self.0
             .process_seconds
             .record(self.1.elapsed().as_secs_f64());

@@ -167,11 +167,14 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// The headers a signature covers: the ones that decide the attempt number and the route.
-pub(crate) const SIGNED: [&str; 3] = [
+/// The headers a signature covers: the ones that decide the attempt number and the route,
+/// and the queue the copy was made for (a signed copy of one queue is not believed in
+/// another, should two services share a key).
+pub(crate) const SIGNED: [&str; 4] = [
     headers::ATTEMPT,
     headers::ORIGINAL_EXCHANGE,
     headers::ORIGINAL_ROUTING_KEY,
+    headers::SOURCE_QUEUE,
 ];
 
 fn keyed(key: &[u8], hdrs: &FieldTable, body: &[u8]) -> Hmac<Sha256> {
@@ -266,7 +269,9 @@ pub enum Verdict {
     Replay,
     /// Ignored: unsigned and not from a tier, or unsigned copies are refused.
     Unsigned,
-    /// Ignored: a signature that does not verify.
+    /// Ignored: a signature that does not verify (another key, altered headers or body),
+    /// or a signed copy made for another queue. The runtime parks such a delivery without
+    /// running the handler (reason `bad-signature`).
     BadSignature,
 }
 
@@ -350,7 +355,7 @@ impl HeaderTrust {
         }
     }
 
-    fn accepts_unsigned(&self) -> bool {
+    pub(crate) fn accepts_unsigned(&self) -> bool {
         match self.unsigned {
             Unsigned::Always => true,
             Unsigned::Never => false,
@@ -368,14 +373,19 @@ impl HeaderTrust {
         let Some(h) = hdrs else {
             return Verdict::None;
         };
-        if SIGNED.iter().all(|n| !h.inner().contains_key(*n)) {
+        // `x-death` naming one of this queue's tiers counts as an own header: its expiries
+        // would count as attempts.
+        if SIGNED.iter().all(|n| !h.inner().contains_key(*n)) && !names_own_tier(hdrs, work_queue) {
             return Verdict::None;
         }
         if let (Some(keys), Some(sig)) = (
             &self.keys,
             headers::get(hdrs, headers::SIGNATURE).and_then(headers::string),
         ) {
-            return if keys.verify(&sig, h, body) {
+            let for_this_queue = headers::get(hdrs, headers::SOURCE_QUEUE)
+                .and_then(headers::string)
+                .is_none_or(|q| q == work_queue);
+            return if keys.verify(&sig, h, body) && for_this_queue {
                 Verdict::Signed
             } else {
                 Verdict::BadSignature
@@ -413,6 +423,18 @@ impl HeaderTrust {
             }
         }
     }
+}
+
+/// Whether any `x-death` entry names one of `work_queue`'s delay tiers.
+fn names_own_tier(hdrs: Option<&FieldTable>, work_queue: &str) -> bool {
+    let Some(AMQPValue::FieldArray(arr)) = headers::get(hdrs, "x-death") else {
+        return false;
+    };
+    arr.as_slice().iter().any(|v| {
+        v.as_field_table()
+            .and_then(|t| t.inner().get("queue").and_then(headers::string))
+            .is_some_and(|q| crate::retry::is_tier_of(&q, work_queue))
+    })
 }
 
 /// Whether the newest `x-death` entry says the message expired out of one of
@@ -562,6 +584,37 @@ mod tests {
         );
         let closed = HeaderTrust::signed(k()).accept_unsigned_for(Duration::ZERO);
         assert_eq!(closed.judge(Some(&h), b"", "orders"), Verdict::Unsigned);
+    }
+
+    #[test]
+    fn a_forged_x_death_of_an_own_tier_needs_a_verdict() {
+        let mut h = FieldTable::default();
+        x_death(&mut h, "orders.delay.5s", "expired");
+        let after_window =
+            HeaderTrust::signed(keys("0123456789abcdef")).accept_unsigned_copies(false);
+        assert_eq!(
+            after_window.judge(Some(&h), b"", "orders"),
+            Verdict::Unsigned
+        );
+        let mut other = FieldTable::default();
+        x_death(&mut other, "payments.delay.5s", "expired");
+        assert_eq!(
+            after_window.judge(Some(&other), b"", "orders"),
+            Verdict::None
+        );
+    }
+
+    #[test]
+    fn a_signed_copy_of_another_queue_is_refused() {
+        let trust = HeaderTrust::signed(keys("0123456789abcdef"));
+        let mut h = own(2, "k");
+        h.insert(
+            headers::SOURCE_QUEUE.into(),
+            AMQPValue::LongString("payments".into()),
+        );
+        trust.sign(&mut h, b"x");
+        assert_eq!(trust.judge(Some(&h), b"x", "payments"), Verdict::Signed);
+        assert_eq!(trust.judge(Some(&h), b"x", "orders"), Verdict::BadSignature);
     }
 
     #[test]

@@ -69,6 +69,10 @@ pub use rabbitkit_core::{
 #[cfg(feature = "cli")]
 pub mod cli;
 
+/// Transactional ack mode: the Postgres inbox and the `Tx` extractor (feature `postgres`;
+/// docs/EXACTLY-ONCE.md).
+#[cfg(feature = "postgres")]
+pub use rabbitkit_core::inbox;
 /// Broker-free tests of handlers and subscribers: build a delivery, run it, assert on the
 /// settlement the runtime would carry out. See `docs/TESTING-HANDLERS.md`.
 #[cfg(feature = "test-util")]

@@ -113,7 +113,10 @@ async fn consumer_cancelled_by_a_quorum_consumer_timeout_resubscribes_without_a_
     )
     .queue_type(QueueType::Quorum)
     .prefetch(4)
-    .consumer_timeout(Duration::from_secs(1));
+    .consumer_timeout(Duration::from_secs(1))
+    // The default deadline (half the consumer timeout) would cut the slow handler before
+    // the broker's timeout: this case needs a handler that outlives it.
+    .no_deadline();
     let w = vh.start_worker(sub).await;
     let started = Instant::now();
     vh.publish_raw("", "jobs", b"slow", BasicProperties::default())

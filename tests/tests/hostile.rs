@@ -170,57 +170,110 @@ fn recorder(seen: Seen, fail_first: bool) -> Subscriber {
     .retry(RetryPolicy::new([TIER]).max_attempts(5))
 }
 
+/// How a forgery is dressed.
+#[derive(Debug, Clone, Copy)]
+enum Forgery {
+    /// Attempt 5 and another routing key, no signature.
+    Plain,
+    /// Posing as a replay: a replay mark and another routing key, no attempt.
+    Replay,
+    /// An `x-death` claiming 50 expiries out of one of the queue's tiers, nothing else.
+    XDeath,
+}
+
+fn forged_headers(how: Forgery) -> lapin::types::FieldTable {
+    let route = (
+        headers::ORIGINAL_ROUTING_KEY,
+        AMQPValue::LongString("order.refund.approve".into()),
+    );
+    match how {
+        Forgery::Plain => table(&[route, (headers::ATTEMPT, AMQPValue::LongLongInt(5))]),
+        Forgery::Replay => table(&[route, (headers::REPLAYED, AMQPValue::LongLongInt(1))]),
+        Forgery::XDeath => {
+            let entry = table(&[
+                ("queue", AMQPValue::LongString("orders.delay.200ms".into())),
+                ("reason", AMQPValue::LongString("expired".into())),
+                ("count", AMQPValue::LongLongInt(50)),
+            ]);
+            table(&[(
+                "x-death",
+                AMQPValue::FieldArray(vec![AMQPValue::FieldTable(entry)].into()),
+            )])
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forged_route_and_attempt_headers_are_ignored() {
-    // With a key once the unsigned window is over (and at any time for a forgery that is
-    // not a tier copy or a replay), and without a key.
-    for (trust, replay) in [
-        (key().accept_unsigned_for(Duration::ZERO), true),
-        (key(), false),
-        (HeaderTrust::default(), false),
+    // With a key once the unsigned window is over, for every dress; with a key inside the
+    // window, a plain forgery (not a tier copy, not a replay); without a key, too.
+    let closed = || key().accept_unsigned_for(Duration::ZERO);
+    for (trust, how) in [
+        (closed(), Forgery::Plain),
+        (closed(), Forgery::Replay),
+        (closed(), Forgery::XDeath),
+        (key(), Forgery::Plain),
+        (HeaderTrust::default(), Forgery::Plain),
     ] {
         let vh = Broker::from_env().vhost("hostile-forged");
         let seen: Seen = Arc::default();
-        let w = start(&vh, recorder(seen.clone(), false), trust.clone()).await;
-        let forged = table(&[
-            (
-                headers::ORIGINAL_ROUTING_KEY,
-                AMQPValue::LongString("order.refund.approve".into()),
-            ),
-            (headers::ATTEMPT, AMQPValue::LongLongInt(5)),
-            (
-                headers::SIGNATURE,
-                AMQPValue::LongString(format!("v1:{}", "ab".repeat(32)).into()),
-            ),
-        ]);
-        let mut forged = forged;
-        if replay {
-            // Posing as a replay: no attempt, a replay mark, no signature.
-            let mut m = forged.inner().clone();
-            m.remove(headers::ATTEMPT);
-            m.remove(headers::SIGNATURE);
-            m.insert(headers::REPLAYED.into(), AMQPValue::LongLongInt(1));
-            forged = m.into();
-        }
+        let w = start(&vh, recorder(seen.clone(), true), trust.clone()).await;
         vh.publish_raw(
             "shop",
             "order.created",
             b"{}",
-            BasicProperties::default().with_headers(forged),
+            BasicProperties::default().with_headers(forged_headers(how)),
         )
         .await;
-        wait_until(WAIT, "the forged delivery handled", || async {
-            w.stats("orders").unwrap().acked == 1
-        })
+        // The first run fails: a believed attempt 5 or 51 would be parked, not retried.
+        wait_until(
+            WAIT,
+            "the forged delivery retried, then handled",
+            || async { w.stats("orders").unwrap().acked == 2 },
+        )
         .await;
         let st = w.shutdown().await.subscribers["orders"];
         assert_eq!(
             *seen.lock().unwrap(),
-            vec![("order.created".to_owned(), 1)],
-            "{trust:?}: the route it arrived by, attempt 1"
+            vec![
+                ("order.created".to_owned(), 1),
+                ("order.created".to_owned(), 2)
+            ],
+            "{how:?} {trust:?}: the route it arrived by, attempt 1, then its signed retry"
         );
-        assert_eq!(st.untrusted_headers, 1, "{st:?}");
+        assert_eq!((st.untrusted_headers, st.parked), (1, 0), "{how:?}: {st:?}");
     }
+}
+
+/// A signature that does not verify (a forgery, or workers that do not share a key) parks
+/// the message without running the handler: retrying it would restart at attempt 1 on
+/// every copy, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_signature_is_parked_without_running_the_handler() {
+    let vh = Broker::from_env().vhost("hostile-badsig");
+    let seen: Seen = Arc::default();
+    let w = start(&vh, recorder(seen.clone(), false), key()).await;
+    let mut h = forged_headers(Forgery::Plain);
+    // Signed, but with another key.
+    HeaderTrust::signed(HeaderKeys::new("another-key-0123456789").unwrap()).sign(&mut h, b"{}");
+    vh.publish_raw(
+        "shop",
+        "order.created",
+        b"{}",
+        BasicProperties::default().with_headers(h),
+    )
+    .await;
+    wait_until(WAIT, "parked", || async {
+        vh.try_depth("orders.parking").await == Some(1)
+    })
+    .await;
+    let st = w.shutdown().await.subscribers["orders"];
+    assert!(seen.lock().unwrap().is_empty(), "the handler never ran");
+    assert_eq!(
+        parked(&vh, "orders").await,
+        vec![(Some("bad-signature".into()), Some("bad-signature".into()))]
+    );
+    assert_eq!((st.untrusted_headers, st.parked), (1, 1), "{st:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -327,33 +380,40 @@ async fn a_replayed_message_keeps_its_route_under_a_key() {
 /// longer reach the broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_channel_frees_the_slots_of_its_hanging_handlers() {
-    let vh = Broker::from_env().vhost("hostile-lost");
-    let runs = Arc::new(AtomicU32::new(0));
-    let r = runs.clone();
-    let sub = Subscriber::new("orders", move || {
-        let first = r.fetch_add(1, Ordering::SeqCst) == 0;
-        async move {
-            if first {
-                std::future::pending::<()>().await;
+    // Without a deadline the hanging handler is cut off; with one it runs on (until its
+    // deadline), but its slot is given back at once.
+    for deadline in [None, Some(Duration::from_secs(60))] {
+        let vh = Broker::from_env().vhost("hostile-lost");
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let sub = Subscriber::new("orders", move || {
+            let first = r.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    std::future::pending::<()>().await;
+                }
             }
-        }
-    })
-    .concurrency(1)
-    .no_deadline();
-    let w = start(&vh, sub, HeaderTrust::default()).await;
-    vh.publish_raw("", "orders", b"x", BasicProperties::default())
+        })
+        .concurrency(1);
+        let sub = match deadline {
+            Some(d) => sub.deadline(d),
+            None => sub.no_deadline(),
+        };
+        let w = start(&vh, sub, HeaderTrust::default()).await;
+        vh.publish_raw("", "orders", b"x", BasicProperties::default())
+            .await;
+        wait_until(WAIT, "the first run hangs", || async {
+            runs.load(Ordering::SeqCst) == 1
+        })
         .await;
-    wait_until(WAIT, "the first run hangs", || async {
-        runs.load(Ordering::SeqCst) == 1
-    })
-    .await;
-    vh.close_connections();
-    wait_until(WAIT, "the redelivery ran and was acked", || async {
-        w.stats("orders").unwrap().acked == 1
-    })
-    .await;
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-    w.shutdown().await;
+        vh.close_connections();
+        wait_until(WAIT, "the redelivery ran and was acked", || async {
+            w.stats("orders").unwrap().acked == 1
+        })
+        .await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{deadline:?}");
+        w.shutdown().await;
+    }
 }
 
 /// A payload that blocks its handler (no await point for the deadline to cut) leaves a
@@ -364,21 +424,46 @@ async fn readiness_reports_a_subscriber_whose_slots_are_all_stuck() {
     let vh = Broker::from_env().vhost("hostile-stall");
     let sub = Subscriber::new("orders", |body: rabbitkit_core::extract::Body| async move {
         if body.0.as_ref() == b"hang" {
-            std::thread::sleep(Duration::from_secs(12));
+            std::thread::sleep(Duration::from_secs(20));
         }
     })
     .concurrency(1)
     .deadline(Duration::from_secs(1));
-    let w = start(&vh, sub, HeaderTrust::default()).await;
+    // Stalled after 1 s (deadline) + 2 s (confirm timeout) + 10 s with the slot taken.
+    let w = Worker::new(ConnectionConfig::new(vh.url()))
+        .shutdown_deadline(Duration::from_secs(5))
+        .publisher_config(rabbitkit_core::PublisherConfig {
+            confirm_timeout: Duration::from_secs(2),
+            ..Default::default()
+        })
+        .header_trust(HeaderTrust::default())
+        .subscribe(sub)
+        .start()
+        .await
+        .unwrap();
+    // Idle longer than the stall limit first: an idle subscriber is not a stalled one.
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    assert!(w.is_ready(), "idle is not stalled");
     wait_until(WAIT, "ready", || async { w.is_ready() }).await;
     vh.publish_raw("", "orders", b"hang", BasicProperties::default())
         .await;
     vh.publish_raw("", "orders", b"ok", BasicProperties::default())
         .await;
+    let hung = std::time::Instant::now();
     wait_until(WAIT, "stalled: not ready", || async { !w.is_ready() }).await;
-    wait_until(WAIT, "both settled and ready again", || async {
-        w.stats("orders").unwrap().acked + w.stats("orders").unwrap().retried >= 2 && w.is_ready()
-    })
+    assert!(
+        hung.elapsed() >= Duration::from_secs(12),
+        "unready only once the limit passed since the slot was taken: {:?}",
+        hung.elapsed()
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "both settled and ready again",
+        || async {
+            w.stats("orders").unwrap().acked + w.stats("orders").unwrap().retried >= 2
+                && w.is_ready()
+        },
+    )
     .await;
     w.shutdown().await;
 }

@@ -250,11 +250,8 @@ impl Parking {
         let parking_queue = retry::parking_queue(&work_queue);
         crate::names::check("work queue", &work_queue)?;
         crate::names::check("parking queue", &parking_queue)?;
-        let trust = match crate::trust::HeaderKeys::from_env() {
-            Ok(Some(keys)) => crate::trust::HeaderTrust::signed(keys),
-            Ok(None) => crate::trust::HeaderTrust::default(),
-            Err(e) => return Err(Error::Config(e.to_string())),
-        };
+        let trust =
+            crate::trust::HeaderTrust::from_env().map_err(|e| Error::Config(e.to_string()))?;
         Ok(Self {
             trust,
             connector: Connector::new(

@@ -57,6 +57,12 @@ pub struct ReplayReport {
     pub passed_over: u64,
     /// Selected messages parked from another work queue: left parked, unchanged.
     pub other_queue: u64,
+    /// Replayed copies sent unsigned: the parked message's own headers did not verify
+    /// with this replay's keys (parked by a release that did not sign, trimmed, or not
+    /// written by rabbitkit), so signing them would vouch for what rabbitkit never wrote.
+    /// Workers believe their route only within their unsigned window. Always 0 without a
+    /// key.
+    pub unsigned: u64,
     /// Messages ready in the parking queue afterwards, as the broker counted them.
     pub remaining: u32,
     /// Why the replay stopped early, if it did: the copy was not confirmed (returned,
@@ -183,7 +189,24 @@ impl Parking {
             // Never an expiration into the work queue (a parked message has none; this
             // also holds for one parked by hand with one).
             let mut replay_headers = parked.replay_headers();
-            self.trust.sign(&mut replay_headers, &parked.body);
+            // Vouch only for what rabbitkit wrote: a parked copy whose own headers verify,
+            // or one with none of its own (dead-lettered by the broker, its route from
+            // `x-death`).
+            let verdict = self.trust.judge(
+                parked.properties.headers().as_ref(),
+                &parked.body,
+                &self.work_queue,
+            );
+            if self.trust.keys().is_some()
+                && !matches!(
+                    verdict,
+                    crate::trust::Verdict::Signed | crate::trust::Verdict::None
+                )
+            {
+                report.unsigned += 1;
+            } else {
+                self.trust.sign(&mut replay_headers, &parked.body);
+            }
             let props = crate::envelope::without_expiration(&parked.properties)
                 .with_headers(replay_headers);
             let copy = Envelope::new("", self.work_queue.as_str(), parked.body.clone())

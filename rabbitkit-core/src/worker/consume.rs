@@ -176,29 +176,44 @@ impl SubscriberTask {
             // Every handler of this channel holds a clone; `recv` returns None once they
             // have all settled (the channel's delivery tags are only ever used on it).
             let (in_flight, mut settled) = tokio::sync::mpsc::channel::<()>(1);
-            // Flips when this channel is lost: its handlers are cut off (their deliveries
-            // come back from the broker), so their concurrency slots serve the new channel
-            // instead of handlers whose settlement can no longer reach the broker.
+            // Flips when this channel is lost: its handlers give their concurrency slots
+            // back at once (their deliveries come back from the broker, and their
+            // settlement can no longer reach it); a handler with a deadline runs on until it,
+            // one without is cut off.
             let (lost_tx, lost) = watch::channel(false);
             // Deliveries taken from the consumer while every slot was busy (at most the
-            // prefetch: the broker sends no more unacked ones).
+            // prefetch: the broker sends no more unacked ones), handed out in tag order.
             let mut pending = std::collections::VecDeque::new();
+            // How the consumer ended while deliveries were still pending: they are handed
+            // out first (on a cancelled consumer's channel, still open, they can settle).
+            let mut consumer_end: Option<End> = None;
             let end = loop {
+                if *self.stop.borrow() {
+                    break End::Stop;
+                }
+                if pending.is_empty()
+                    && let Some(end) = consumer_end.take()
+                {
+                    break end;
+                }
                 // A slot, while the consumer is still watched: a channel that dies while
-                // every slot is taken (handlers that hang) ends this loop, which cuts those
-                // handlers off, instead of waiting for slots that are never given back.
+                // every slot is taken (handlers that hang) ends this loop, which frees
+                // those slots, instead of waiting for slots that are never given back.
                 let permit = loop {
                     tokio::select! {
                         biased;
                         p = permits.clone().acquire_owned() => break p.map_err(|_| End::Stop),
                         _ = self.stop.changed() => break Err(End::Stop),
-                        item = consumer.next() => match item {
+                        item = consumer.next(), if consumer_end.is_none() => match item {
                             Some(Ok(delivery)) => pending.push_back(delivery),
                             Some(Err(e)) => {
                                 tracing::warn!(%queue, %node, error = %e, "consumer failed; rebuilding the channel");
+                                // The channel is gone: what is pending comes back from
+                                // the broker.
                                 break Err(End::ChannelLost);
                             }
-                            None => break Err(End::Cancelled),
+                            None if pending.is_empty() => break Err(End::Cancelled),
+                            None => consumer_end = Some(End::Cancelled),
                         },
                     }
                 };
@@ -226,8 +241,8 @@ impl SubscriberTask {
                         // its task cell is as large (the profile found three such copies
                         // per delivery, docs/PROFILE.md); a box is moved as a pointer.
                         tokio::spawn(Box::pin(async move {
-                            p.process(delivery, on, lost).await;
-                            drop(permit);
+                            // The pipeline drops the slot early if the channel is lost.
+                            p.process(delivery, on, lost, permit).await;
                             drop(token);
                         }));
                     }
@@ -299,6 +314,8 @@ impl SubscriberTask {
                         let _ = channel
                             .close(200, "consumer cancelled by the broker".into())
                             .await;
+                        // Handlers still running gave their messages back with the channel.
+                        let _ = lost_tx.send(true);
                     }));
                     if !quick {
                         failures = 0;

@@ -176,9 +176,42 @@ impl Worker {
     /// the start: nothing is consumed.
     pub async fn start(self) -> Result<WorkerHandle> {
         self.validate()?;
+        let trust = match self.header_trust.clone() {
+            Some(t) => t,
+            None => match crate::trust::HeaderTrust::from_env() {
+                Ok(t) if t.keys().is_some() => t,
+                Ok(t) => {
+                    tracing::warn!(
+                        "{} is not set: rabbitkit's attempt and route headers are not signed, and are believed on copies that x-death says left a delay tier and on replays (forgeable by a producer that can publish into a tier or set those headers); see docs/GUARANTEES.md",
+                        crate::trust::KEY_ENV
+                    );
+                    t
+                }
+                Err(e) => return Err(Error::Config(e.to_string())),
+            },
+        };
+        if trust.keys().is_none() && !trust.accepts_unsigned() {
+            // Every retry copy would start again at attempt 1: retried for ever.
+            return Err(Error::Config(
+                "header trust refuses unsigned copies but has no key to sign them with: every retry would start again at attempt 1".into(),
+            ));
+        }
         // Only here: state may be added to a worker after `from_config` built it.
         for s in &self.subscribers {
             s.check_state(&self.extensions)?;
+            // Transactional mode needs the Postgres inbox (`crate::inbox`, `Worker::postgres`).
+            if s.policy == crate::policy::AckPolicy::Transactional {
+                #[cfg(feature = "postgres")]
+                let wired = self.extensions.get::<crate::inbox::Inbox>().is_some();
+                #[cfg(not(feature = "postgres"))]
+                let wired = false;
+                if !wired {
+                    return Err(Error::Config(format!(
+                        "subscriber {:?}: ack policy transactional needs rabbitkit's `postgres` feature and a worker inbox (Worker::postgres)",
+                        s.name
+                    )));
+                }
+            }
         }
         let vhost = self.connection.validate()?.vhost;
         if let Some(every) = self.parking_depth.filter(|e| *e < Duration::from_secs(1)) {
@@ -228,20 +261,6 @@ impl Worker {
                 .warn_legacy_tiers(&conn.conn, &self.connection)
                 .await;
         }
-        let trust = match self.header_trust.clone() {
-            Some(t) => t,
-            None => match crate::trust::HeaderTrust::from_env() {
-                Ok(t) if t.keys().is_some() => t,
-                Ok(t) => {
-                    tracing::warn!(
-                        "{} is not set: rabbitkit's attempt and route headers are not signed, and are believed on copies that x-death says left a delay tier and on replays (forgeable by a producer that can publish into a tier or set those headers); see docs/GUARANTEES.md",
-                        crate::trust::KEY_ENV
-                    );
-                    t
-                }
-                Err(e) => return Err(Error::Config(e.to_string())),
-            },
-        };
         let (stop_tx, stop) = watch::channel(false);
         let (hard_tx, hard_stop) = watch::channel(false);
         let parts = consume::WorkerParts {
@@ -282,7 +301,11 @@ impl Worker {
                 counters: counters.clone(),
                 slots: u64::try_from(s.concurrency.min(usize::from(s.prefetch)))
                     .unwrap_or(u64::MAX),
-                stall_limit: stall_limit(s.effective_deadline()),
+                stall_limit: stall_limit(
+                    s.effective_deadline(),
+                    s.retry.immediate_retries,
+                    self.publisher.confirm_timeout,
+                ),
             });
             let mut ext = self.extensions.clone();
             ext.insert(publisher.clone());
@@ -346,14 +369,17 @@ struct Readiness {
     consuming: Vec<Consuming>,
 }
 
-/// How long a subscriber whose slots are all taken may go without finishing a delivery
-/// before it counts as stalled: twice the handler deadline (the default one without a
-/// deadline) and 5 s, room for the settlement that follows a deadline (a copy's confirm).
-fn stall_limit(deadline: Option<Duration>) -> Duration {
+/// How long a subscriber whose slots are all taken may go without a delivery starting or
+/// finishing before it counts as stalled: the longest a delivery can legitimately take:
+/// every run of the handler (the first and its immediate retries) up to its deadline (the
+/// default one without a deadline), then a copy's confirm, the longest requeue pause
+/// (5 s), and 5 s of margin.
+fn stall_limit(deadline: Option<Duration>, immediate_retries: u32, confirm: Duration) -> Duration {
     deadline
         .unwrap_or(crate::subscriber::DEFAULT_DEADLINE)
-        .saturating_mul(2)
-        .saturating_add(Duration::from_secs(5))
+        .saturating_mul(immediate_retries.saturating_add(1))
+        .saturating_add(confirm)
+        .saturating_add(Duration::from_secs(10))
 }
 
 /// What tells whether one subscriber consumes.
@@ -432,9 +458,9 @@ impl WorkerHandle {
     }
 
     /// True when every subscriber is connected and consuming, and shutdown has not started.
-    /// A subscriber whose concurrency slots are all taken by handlers that have finished
-    /// nothing for longer than twice their deadline and 5 s (hung handlers) is not
-    /// consuming.
+    /// A subscriber whose concurrency slots are all taken, with no delivery started or
+    /// finished for longer than a delivery can legitimately take (its handler runs up to
+    /// their deadline, a copy's confirm timeout and 10 s), is not consuming: hung handlers.
     pub fn is_ready(&self) -> bool {
         self.running
             .as_ref()

@@ -141,14 +141,18 @@ impl SettleSink for RuntimeSink {
 impl Pipeline {
     /// Runs one delivery to its settlement on `on`, the channel it came from (the consume
     /// loop registered its tag with the channel's ledger, if acks are coalesced).
-    /// `lost` flips when the channel is lost: the handler is then cut off, as at the
-    /// shutdown deadline (the broker redelivers the message).
+    /// `slot` is the delivery's concurrency slot. `lost` flips when the channel is lost:
+    /// the slot is then given back at once (the broker redelivers the message, and this
+    /// settlement can no longer reach it); a handler with a deadline runs on until it
+    /// returns or the deadline cuts it, one without a deadline is cut off at once.
     pub(super) async fn process(
         &self,
         raw: lapin::message::Delivery,
         on: Arc<OnChannel>,
         mut lost: watch::Receiver<bool>,
+        slot: tokio::sync::OwnedSemaphorePermit,
     ) {
+        let mut slot = Some(slot);
         let spec = &self.runner.spec;
         let c = &self.runner.counters;
         Counters::inc(&c.consumed);
@@ -206,12 +210,26 @@ impl Pipeline {
             .route(exchange.as_str(), routing_key.as_str())
             .redelivered(redelivered)
             .extensions(self.extensions.clone());
-        if !verdict.trusted() {
+        if verdict == crate::trust::Verdict::Signed {
+            builder = builder.signed_headers();
+        } else if !verdict.trusted() {
             // Logged below with the attempt header's other problems.
             Counters::inc(&c.untrusted_headers);
             builder = builder.ignore_own_headers(verdict.as_str());
         }
+        // A signature that does not verify is a forgery, or workers that do not share a
+        // key: parked without running the handler (retrying it would restart its attempts
+        // at 1 on every copy, for ever).
+        let forged = verdict == crate::trust::Verdict::BadSignature;
         let builder = builder.properties(properties);
+        // Transactional mode (feature `postgres`): the inbox's part, `crate::inbox::Txn`, gives
+        // the handler its transaction slot here, claims and runs below, commits or rolls back
+        // before settling. `None` in every other mode.
+        #[cfg(feature = "postgres")]
+        let (txn, builder) = match crate::inbox::Txn::for_delivery(spec.policy, &self.extensions) {
+            Some((txn, ext)) => (Some(txn), builder.extensions(ext)),
+            None => (None, builder),
+        };
         let (delivery, manual) = self.runner.delivery(builder, || {
             Arc::new(RuntimeSink {
                 spec: spec.clone(),
@@ -244,12 +262,32 @@ impl Pipeline {
             let mut hard = self.hard_stop.clone();
             let started = std::time::Instant::now();
             let mut channel_lost = false;
-            let outcome = tokio::select! {
-                o = self.runner.run(&delivery) => Some(o),
-                _ = hard.wait_for(|v| *v) => None,
-                _ = lost.wait_for(|v| *v) => {
-                    channel_lost = true;
-                    None
+            let run = async {
+                if forged {
+                    return Outcome::Park(crate::outcome::Failure::new(
+                        crate::decide::ParkReason::BadSignature.as_str(),
+                        "rabbitkit's headers carry a signature that does not verify with this worker's keys, or was made for another queue",
+                    ));
+                }
+                #[cfg(feature = "postgres")]
+                if let Some(txn) = &txn {
+                    return txn.run(&self.runner, &delivery).await;
+                }
+                self.runner.run(&delivery).await
+            };
+            tokio::pin!(run);
+            let outcome = loop {
+                tokio::select! {
+                    o = &mut run => break Some(o),
+                    _ = hard.wait_for(|v| *v) => break None,
+                    // `Err` (the channel's loop ended without a loss) is no loss.
+                    Ok(_) = lost.wait_for(|v| *v), if slot.is_some() => {
+                        drop(slot.take());
+                        if self.runner.deadline.is_none() {
+                            channel_lost = true;
+                            break None;
+                        }
+                    }
                 }
             };
             c.handler_ran(started.elapsed());
@@ -284,6 +322,13 @@ impl Pipeline {
             if let Some(m) = &manual {
                 m.sink.finish().await;
             }
+            // Transactional mode: COMMIT before an ack (a failed commit requeues), ROLLBACK
+            // before anything else.
+            #[cfg(feature = "postgres")]
+            let decision = match &txn {
+                Some(txn) => txn.finish(decision, &delivery).await,
+                None => decision,
+            };
             let report = self
                 .settler
                 .execute_counted(decision, &original, key, delivery.requeues())
