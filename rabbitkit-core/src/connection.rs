@@ -7,6 +7,7 @@ mod tls;
 
 pub(crate) use redact::urls_in;
 pub use redact::{redact, scrub};
+pub(crate) use tls::HttpsConnector;
 pub use tls::TlsConfig;
 
 use std::str::FromStr;

@@ -207,6 +207,26 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A plain `http://` management URL whose host is not loopback (`127.0.0.0/8`, `::1`,
+    /// `localhost`): basic authentication would send the password in clear over the
+    /// network. Refused before anything connects; allowed only explicitly
+    /// ([`ManagementUrl::allow_plain_http`](crate::topology::ManagementUrl::allow_plain_http),
+    /// `allow-plain-http = true` in `[topology]`, the CLI's `--allow-plain-http`).
+    #[error(
+        "plain http refused: the management API at {url} is not on this machine and the request would carry the password in clear; use https:// (rabbitkit's `tls` feature), or allow plain http explicitly (allow-plain-http)"
+    )]
+    PlainHttpRefused {
+        /// The URL, without its password.
+        url: String,
+    },
+    /// An `https://` management URL, and rabbitkit built without its `tls` feature.
+    #[error(
+        "the management API at {url} is https://, which needs rabbitkit built with its `tls` cargo feature"
+    )]
+    HttpsUnavailable {
+        /// The URL, without its password.
+        url: String,
+    },
     /// No node answered within the time allowed; each node's last failure is listed.
     #[error("no broker node reachable after {after:?}: {nodes}")]
     Unreachable {

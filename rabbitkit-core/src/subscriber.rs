@@ -211,12 +211,14 @@ impl Subscriber {
         self
     }
 
-    /// The management API, `http://[user:password@]host:port` (user and password default
+    /// The management API, `https://[user:password@]host:port` (user and password default
     /// to the broker URL's): read by the `validate` and `adopt` topology modes to see the
     /// work queue's type, arguments and effective policy, so that a dead-letter exchange
-    /// set by a policy counts ([`Topology::management`]).
-    pub fn management_url(mut self, url: impl Into<String>) -> Self {
-        self.topology.management = Some(crate::topology::ManagementUrl::new(url));
+    /// set by a policy counts ([`Topology::management`]). A plain `http://` URL to a host
+    /// that is not loopback is refused unless allowed
+    /// ([`ManagementUrl::allow_plain_http`](crate::topology::ManagementUrl::allow_plain_http)).
+    pub fn management_url(mut self, url: impl Into<crate::topology::ManagementUrl>) -> Self {
+        self.topology.management = Some(url.into());
         self
     }
 

@@ -1101,6 +1101,68 @@ queue = "shipping"
     std::fs::remove_file(&file).unwrap();
 }
 
+#[tokio::test]
+async fn a_plain_http_management_url_to_another_host_is_refused_before_connecting() {
+    let vh = Broker::from_env().vhost("cli-plain-http");
+    let (file, path) = config_file(
+        &vh,
+        "plain-http",
+        "[[subscribers]]\nhandler = \"charge\"\nqueue = \"payments\"\nretry = { tiers = [\"1s\"] }\n",
+    );
+    // 192.0.2.1 (TEST-NET-1) routes nowhere: a connection attempt would hang until the
+    // 15 s timeout, so an answer within 5 s that names plain http was refused up front.
+    let remote = "http://ops:s3cret@192.0.2.1:15672";
+    let runs: [&[&str]; 2] = [
+        &["topology", "prune", "--config", &path, "--mgmt-url", remote],
+        &[
+            "topology",
+            "apply",
+            "payments",
+            "--adopt",
+            "--tiers",
+            "1s",
+            "--mgmt-url",
+            remote,
+        ],
+    ];
+    for args in runs {
+        let started = Instant::now();
+        let r = cli(&vh, args).await;
+        assert!(started.elapsed() < Duration::from_secs(5), "{r:?}");
+        assert_eq!(r.code, EXIT_FAILED, "{r:?}");
+        assert!(r.err.contains("plain http refused"), "{r:?}");
+        assert!(
+            r.err.contains("--allow-plain-http") || r.err.contains("allow-plain-http"),
+            "{r:?}"
+        );
+        assert!(
+            !r.err.contains("s3cret") && !r.err.contains("did not answer"),
+            "{r:?}"
+        );
+    }
+    // Nothing was declared by the refused adopt.
+    assert_eq!(vh.try_depth("payments.parking").await, None);
+    // The flag is accepted, and a loopback URL is used with or without it (that it lets a
+    // request go to another host is a unit test in topology/mgmt.rs: here it would wait
+    // for the 15 s timeout).
+    let loopback = vh.broker.mgmt.clone();
+    let r = cli(
+        &vh,
+        &[
+            "topology",
+            "prune",
+            "--config",
+            &path,
+            "--mgmt-url",
+            &loopback,
+            "--allow-plain-http",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    std::fs::remove_file(&file).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_apply_adopt_prints_the_policy_then_declares_beside_the_existing_queue() {
     let vh = Broker::from_env().vhost("cli-adopt");

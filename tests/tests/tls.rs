@@ -266,3 +266,78 @@ async fn the_operator_cli_takes_the_tls_settings_as_flags() {
     assert_eq!(code, rabbitkit::cli::EXIT_FAILED, "{err}");
     assert!(err.contains("TLS with 127.0.0.1:"), "{err}");
 }
+
+/// A TLS listener in front of the node's management API: `socat` with the test server
+/// certificate (valid for `localhost`), forwarding to the plain management port. Killed on
+/// drop. RabbitMQ's own HTTPS listener would need the node's config changed; what is under
+/// test is rabbitkit's client: TLS, certificate checks, HTTP over it.
+struct HttpsFront {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpsFront {
+    fn start(tls: &Tls) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let mgmt = tls
+            .vhost
+            .broker
+            .mgmt
+            .trim_start_matches("http://")
+            .to_owned();
+        let cert = tls.file("server.pem").display().to_string();
+        let key = tls.file("server.key").display().to_string();
+        let child = std::process::Command::new("socat")
+            .args([
+                format!("OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={cert},key={key}"),
+                format!("TCP:{mgmt}"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("this test needs socat (apt-get install socat)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "socat did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, port }
+    }
+}
+
+impl Drop for HttpsFront {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn management_over_https_verifies_the_certificate_with_the_connections_ca() {
+    use rabbitkit_core::topology::ManagementUrl;
+    let tls = Tls::start("tls-mgmt");
+    tls.vhost
+        .declare_queue("tls-mgmt-q", Default::default())
+        .await;
+    let front = HttpsFront::start(&tls);
+    let url = ManagementUrl::new(format!("https://localhost:{}", front.port));
+    // The connection's CA signs the listener's certificate: the queues are listed.
+    let listed = url.queues(&tls.config(None, tls.good())).await.unwrap();
+    assert!(listed.iter().any(|q| q.name == "tls-mgmt-q"), "{listed:?}");
+    // Only the system's roots: the test CA is unknown, and said so.
+    let plain = ConnectionConfig::new(tls.url(None));
+    let err = url.queues(&plain).await.unwrap_err().to_string();
+    assert!(err.contains("TLS handshake failed"), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // A name the certificate does not hold (127.0.0.1): refused too.
+    let by_ip = ManagementUrl::new(format!("https://127.0.0.1:{}", front.port));
+    let err = by_ip
+        .queues(&tls.config(None, tls.good()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("TLS handshake failed"), "{err}");
+}

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::policy::AckPolicy;
 use crate::subscriber::Subscriber;
-use crate::topology::{QueueType, Topology, TopologyMode, TopologyReport};
+use crate::topology::{ManagementUrl, QueueType, Topology, TopologyMode, TopologyReport};
 use crate::worker::Worker;
 
 use super::{Handlers, SubscriberConfig, WorkerConfig};
@@ -37,6 +37,11 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
                 .into(),
         ));
     }
+    if config.topology.allow_plain_http && config.topology.management_url.is_none() {
+        return Err(Error::Config(
+            "topology.allow-plain-http applies to topology.management-url, which is not set".into(),
+        ));
+    }
     for (i, s) in config.subscribers.iter().enumerate() {
         let template = handlers
             .get(&s.handler)
@@ -48,7 +53,11 @@ pub fn from_config(config: &WorkerConfig, handlers: &Handlers) -> Result<Worker>
         refuse_ignored(i, s, &sub)?;
         let mut sub = sub.topology_mode(config.topology.mode);
         if let Some(url) = &config.topology.management_url {
-            sub = sub.management_url(url.clone());
+            let mut url = ManagementUrl::new(url.clone());
+            if config.topology.allow_plain_http {
+                url = url.allow_plain_http();
+            }
+            sub = sub.management_url(url);
         }
         worker = worker.subscribe(sub);
     }

@@ -149,12 +149,19 @@ pub struct TopologySection {
     /// bindings, tiers and parking queue declared beside them). See [`TopologyMode`].
     #[serde(default)]
     pub mode: TopologyMode,
-    /// The management API (`http://[user:password@]host:port`; user and password default
+    /// The management API (`https://[user:password@]host:port`, or `http://` to a loopback
+    /// host; user and password default
     /// to the broker URL's), read in the `validate` and `adopt` modes to see each work
     /// queue's effective policy: without it, a dead-letter exchange set by a policy cannot
     /// be seen and is refused as missing. Refused in `declare` mode, which never reads it.
     #[serde(default)]
     pub management_url: Option<String>,
+    /// Allows a plain `http://` `management-url` whose host is not loopback, which sends
+    /// the password in clear over the network (default `false`: such a URL is refused at
+    /// start; [`ManagementUrl::allow_plain_http`](crate::topology::ManagementUrl::allow_plain_http)).
+    /// Refused without `management-url`.
+    #[serde(default)]
+    pub allow_plain_http: bool,
 }
 
 /// `[observability]`: logging and the metrics endpoint. rabbitkit does not install a

@@ -160,6 +160,7 @@ max-body = 1000
 [topology]
 mode = "validate"
 management-url = "http://ops:pw@rabbit:15672"
+allow-plain-http = true
 [observability]
 log-level = "debug"
 log-format = "compact"
@@ -209,8 +210,8 @@ jitter = true
     assert_eq!(s.queue(), "jobs");
     assert_eq!(s.mode, TopologyMode::Validate);
     assert_eq!(
-        s.topology.management.as_ref().map(|m| m.as_str()),
-        Some("http://ops:pw@rabbit:15672")
+        s.topology.management,
+        Some(crate::topology::ManagementUrl::new("http://ops:pw@rabbit:15672").allow_plain_http())
     );
     assert_eq!(s.topology.queue_type, QueueType::Quorum);
     assert_eq!(s.topology.delivery_limit, 9);
@@ -864,14 +865,47 @@ fn topology_modes_parse_and_a_management_url_needs_validate_or_adopt() {
         matches!(&ignored, Some(Error::Config(m)) if m.contains("management-url")),
         "{ignored:?}"
     );
-    let bad = from_config(
+    let https = from_config(
         &parse(&src("validate", "management-url = \"https://h\"")),
         &handlers(),
-    )
-    .err();
-    assert!(
-        matches!(&bad, Some(Error::Config(m)) if m.contains("https")),
-        "{bad:?}"
     );
+    if cfg!(feature = "tls") {
+        assert!(https.is_ok(), "{:?}", https.err());
+    } else {
+        let err = https.err();
+        assert!(
+            matches!(&err, Some(Error::HttpsUnavailable { .. })),
+            "{err:?}"
+        );
+    }
     assert!(WorkerConfig::from_toml(&src("adopted", "")).is_err());
+}
+
+#[test]
+fn a_plain_http_management_url_to_another_host_needs_allow_plain_http() {
+    let src = |topology: &str| {
+        format!(
+            "[connection]\nurl = \"amqp://localhost\"\n[topology]\nmode = \"validate\"\n{topology}\n\
+             [[subscribers]]\nhandler = \"greet\"\nqueue = \"greetings\"\n"
+        )
+    };
+    let remote = "management-url = \"http://ops:pw@rabbit:15672\"";
+    let refused = from_config(&parse(&src(remote)), &handlers()).err();
+    assert!(
+        matches!(&refused, Some(Error::PlainHttpRefused { url }) if !url.contains("pw")),
+        "{refused:?}"
+    );
+    let allowed = build(&src(&format!("{remote}\nallow-plain-http = true")));
+    assert_eq!(
+        allowed.subscribers[0].topology.management,
+        Some(crate::topology::ManagementUrl::new("http://ops:pw@rabbit:15672").allow_plain_http())
+    );
+    let local = build(&src("management-url = \"http://127.0.0.1:15672\""));
+    assert!(local.subscribers[0].topology.management.is_some());
+    // Parsed but applying to nothing: refused, not ignored.
+    let alone = from_config(&parse(&src("allow-plain-http = true")), &handlers()).err();
+    assert!(
+        matches!(&alone, Some(Error::Config(m)) if m.contains("allow-plain-http")),
+        "{alone:?}"
+    );
 }

@@ -132,7 +132,7 @@ fn check_server_name(_: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-pub(crate) use imp::{Loaded, connect, refused};
+pub(crate) use imp::{HttpsConnector, Loaded, connect, refused};
 
 #[cfg(feature = "tls")]
 mod imp {
@@ -272,6 +272,37 @@ mod imp {
         }
         None
     }
+
+    /// A blocking TLS client for the management API's `https://` (`topology/mgmt.rs`):
+    /// lapin's rustls connector, with the connection's CA file and client certificate when
+    /// it has TLS settings, the system's roots always.
+    #[derive(Clone)]
+    pub(crate) struct HttpsConnector(Arc<RustlsConnector>);
+
+    impl HttpsConnector {
+        /// Reads `cfg`'s files now (none: the system's roots only).
+        pub(crate) fn load(cfg: Option<&TlsConfig>) -> Result<Self> {
+            let none = TlsConfig::new();
+            Ok(Self(load(cfg.unwrap_or(&none))?.connector))
+        }
+
+        /// The handshake over `stream` (blocking), the certificate checked for `host`.
+        pub(crate) fn connect(
+            &self,
+            host: &str,
+            stream: std::net::TcpStream,
+        ) -> std::io::Result<impl std::io::Read + std::io::Write + use<>> {
+            use std::error::Error as _;
+            self.0.connect(host, stream).map_err(|e| match e.source() {
+                Some(cause) => std::io::Error::other(format!("TLS handshake failed: {cause}")),
+                // A read timed out mid-handshake (blocking sockets only get there so).
+                None => std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "TLS handshake: no answer in time",
+                ),
+            })
+        }
+    }
 }
 
 #[cfg(not(feature = "tls"))]
@@ -301,6 +332,27 @@ mod imp {
 
     pub(crate) fn refused(_: &lapin::Error) -> Option<String> {
         None
+    }
+
+    /// Never built without the `tls` feature (an `https://` management URL is refused
+    /// before).
+    #[derive(Clone)]
+    pub(crate) enum HttpsConnector {}
+
+    impl HttpsConnector {
+        pub(crate) fn load(_: Option<&TlsConfig>) -> Result<Self> {
+            Err(Error::Config(
+                "https needs rabbitkit built with its `tls` cargo feature".into(),
+            ))
+        }
+
+        pub(crate) fn connect(
+            &self,
+            _: &str,
+            _: std::net::TcpStream,
+        ) -> std::io::Result<std::net::TcpStream> {
+            match *self {}
+        }
     }
 }
 

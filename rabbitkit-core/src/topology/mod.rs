@@ -42,7 +42,7 @@ use crate::names;
 use crate::retry;
 
 pub use check::{CheckedObject, ObjectState, TopologyReport};
-pub use mgmt::ManagementUrl;
+pub use mgmt::{ListedQueue, ManagementUrl};
 pub use migrate::{LegacyTier, MigratedTier, TierMigration, TierMigrationReport};
 pub use parking_migrate::{ParkingMigration, ParkingMigrationReport};
 pub use prune::{PruneOutcome, delete_if_empty, unused_tiers};
@@ -322,7 +322,7 @@ impl Topology {
     pub(crate) fn site(&self, connection: &ConnectionConfig) -> Result<Site> {
         let uri = connection.validate()?;
         let management = match &self.management {
-            Some(url) => Some(mgmt::Management::new(url, &uri)?),
+            Some(url) => Some(mgmt::Management::new(url, connection)?),
             None => None,
         };
         Ok(Site {

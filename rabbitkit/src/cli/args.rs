@@ -212,10 +212,16 @@ pub(crate) struct PruneArgs {
     /// subscriber whose `[subscribers.retry]` is not in the file is not judged.
     #[arg(long)]
     pub(crate) config: PathBuf,
-    /// The management API that lists the vhost's queues, `http://[user:pass@]host:15672`
-    /// (default user and password: the broker URL's).
+    /// The management API that lists the vhost's queues, `https://[user:pass@]host:15671`
+    /// (needs the `tls` feature) or `http://[user:pass@]host:15672` (default user and
+    /// password: the broker URL's). Plain http to a host that is not loopback is refused
+    /// unless --allow-plain-http.
     #[arg(long, env = "RABBITKIT_MGMT_URL", hide_env_values = true)]
     pub(crate) mgmt_url: String,
+    /// Send the management API's credentials over plain http to a host that is not
+    /// loopback (they cross the network in clear).
+    #[arg(long)]
+    pub(crate) allow_plain_http: bool,
     /// Delete the unused tiers that are empty (`queue.delete` with if-empty).
     #[arg(long)]
     pub(crate) yes: bool,
@@ -275,11 +281,17 @@ pub(crate) struct TopologyArgs {
     /// bindings, retry exchange, delay tiers, parking queue.
     #[arg(long)]
     pub(crate) adopt: bool,
-    /// The management API, `http://[user:pass@]host:15672` (default user and password: the
-    /// broker URL's): with `--adopt`, read to see the work queue's effective policy, so
-    /// that a dead-letter exchange set by a policy counts.
+    /// The management API, `https://[user:pass@]host:15671` (needs the `tls` feature) or
+    /// `http://[user:pass@]host:15672` (default user and password: the broker URL's): with
+    /// `--adopt`, read to see the work queue's effective policy, so that a dead-letter
+    /// exchange set by a policy counts. Plain http to a host that is not loopback is
+    /// refused unless --allow-plain-http.
     #[arg(long, env = "RABBITKIT_MGMT_URL", hide_env_values = true)]
     pub(crate) mgmt_url: Option<String>,
+    /// Send the management API's credentials over plain http to a host that is not
+    /// loopback (they cross the network in clear).
+    #[arg(long, requires = "mgmt_url")]
+    pub(crate) allow_plain_http: bool,
 }
 
 #[derive(Debug, Args)]

@@ -3,9 +3,9 @@
 //! ```text
 //! rabbitkit parking list|show|replay|purge|migrate <work-queue> ...
 //! rabbitkit topology check|apply <work-queue> [--quorum] [--tiers 1s,10s] [--classic-tiers] [--bind EX=KEY]...
-//! rabbitkit topology apply <work-queue> --adopt [--mgmt-url URL] ...
+//! rabbitkit topology apply <work-queue> --adopt [--mgmt-url URL [--allow-plain-http]] ...
 //! rabbitkit topology migrate <work-queue> --tiers 1s,10s [--old-tiers 5m]
-//! rabbitkit topology prune [<work-queue>] --config worker.toml --mgmt-url URL [--yes] [--json]
+//! rabbitkit topology prune [<work-queue>] --config worker.toml --mgmt-url URL [--allow-plain-http] [--yes] [--json]
 //! rabbitkit publish --exchange X --routing-key K [--body STR | --file PATH] [--header k=v]...
 //! ```
 //!
@@ -22,7 +22,6 @@
 //! in-process and read what it printed.
 
 mod args;
-mod mgmt;
 mod parking;
 mod publish;
 mod topology;

@@ -33,7 +33,14 @@ pub(crate) async fn run(
         writeln!(io.err, "rabbitkit: --adopt is for `topology apply`")?;
         return Ok(EXIT_USAGE);
     }
-    let mgmt_url = args.mgmt_url.clone();
+    let mgmt_url = args.mgmt_url.clone().map(|url| {
+        let url = ManagementUrl::new(url);
+        if args.allow_plain_http {
+            url.allow_plain_http()
+        } else {
+            url
+        }
+    });
     let topologies = match topologies(args) {
         Ok(t) if t.is_empty() => {
             writeln!(
@@ -104,12 +111,12 @@ pub(crate) async fn run(
 async fn adopt_all(
     connection: &ConnectionConfig,
     topologies: Vec<Topology>,
-    mgmt_url: Option<String>,
+    mgmt_url: Option<ManagementUrl>,
     io: &mut Io<'_>,
 ) -> Done {
     let mut refused = 0;
     for mut topology in topologies {
-        topology.management = mgmt_url.clone().map(ManagementUrl::new);
+        topology.management = mgmt_url.clone();
         match topology.adopt(connection).await {
             Ok(()) => writeln!(
                 io.out,
@@ -210,7 +217,11 @@ async fn prune(connection: &ConnectionConfig, args: PruneArgs, io: &mut Io<'_>) 
         )?;
         return Ok(EXIT_USAGE);
     }
-    let on_broker = super::mgmt::queues(&args.mgmt_url, connection).await?;
+    let mut api = ManagementUrl::new(args.mgmt_url.clone());
+    if args.allow_plain_http {
+        api = api.allow_plain_http();
+    }
+    let on_broker = api.queues(connection).await?;
     let unused = unused_tiers(&judged, on_broker.iter().map(|q| q.name.as_str()));
     let outcomes = if args.yes && !unused.is_empty() {
         delete_if_empty(connection, &unused).await?
