@@ -226,6 +226,17 @@ impl KnownKinds {
         self.names.extend(kinds);
     }
 
+    /// The kinds `rabbitkit_failures_total` has a series of: rabbitkit's own
+    /// ([`BUILTIN_KINDS`], and `bad-signature` for a forged delivery), the registered
+    /// types', the declared ones. Never a custom classifier's: a label's values stay
+    /// bounded whatever a handler puts in a kind; any other kind is counted as `other`.
+    pub(crate) fn metric_kinds(&self) -> Vec<String> {
+        let mut kinds: BTreeSet<&str> = BUILTIN_KINDS.iter().copied().collect();
+        kinds.insert("bad-signature");
+        kinds.extend(self.names.iter().map(|k| k.as_ref()));
+        kinds.into_iter().map(str::to_owned).collect()
+    }
+
     /// Whether a failure can carry `kind`.
     fn knows(&self, kind: &str) -> bool {
         self.open || BUILTIN_KINDS.contains(&kind) || self.names.contains(kind)

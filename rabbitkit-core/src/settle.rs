@@ -292,6 +292,11 @@ impl Settler {
             // A nack that finds its channel gone still brings the message back: it counts.
             self.requeues.bump(key, seen);
         }
+        // Every failed attempt settles through here with its copy, manual settlements
+        // (`Settle::park`, `Settle::retry`) included.
+        if let Decision::Republish { failure, .. } = &decision {
+            self.counters.failed(&failure.kind);
+        }
         let report = self.execute(decision, original).await;
         match report {
             SettleReport::Acked

@@ -47,6 +47,9 @@ impl Count {
 pub(crate) struct Labels {
     pub(crate) vhost: String,
     pub(crate) queue: String,
+    /// The error kinds `rabbitkit_failures_total` has a series of (`KnownKinds::metric_kinds`);
+    /// any other is counted as `other`.
+    pub(crate) kinds: Vec<String>,
 }
 
 macro_rules! counters {
@@ -65,6 +68,8 @@ macro_rules! counters {
             consumed_messages: metrics::Counter,
             /// `rabbitkit_parked_total` by reason, in [`ParkReason::ALL`] order.
             parked_by_reason: [metrics::Counter; ParkReason::ALL.len()],
+            /// `rabbitkit_failures_total` by error kind, sorted by kind; `other` last.
+            failures_by_kind: Vec<(String, metrics::Counter)>,
             /// Deliveries received and not yet settled, for the shutdown log.
             in_flight_now: AtomicU64,
             /// Handlers cut off at the shutdown deadline (their deliveries requeued).
@@ -112,6 +117,25 @@ macro_rules! counters {
                             "reason" => r.as_str()
                         )
                     }),
+                    failures_by_kind: {
+                        let mut kinds = labels.kinds.clone();
+                        kinds.sort();
+                        kinds.dedup();
+                        kinds.retain(|k| k != OTHER_KIND);
+                        kinds.push(OTHER_KIND.to_owned());
+                        kinds
+                            .into_iter()
+                            .map(|kind| {
+                                let counter = metrics::counter!(
+                                    FAILURES,
+                                    "vhost" => labels.vhost.clone(),
+                                    "queue" => labels.queue.clone(),
+                                    "kind" => kind.clone()
+                                );
+                                (kind, counter)
+                            })
+                            .collect()
+                    },
                     in_flight_now: AtomicU64::new(0),
                     stragglers: AtomicU64::new(0),
                     born: std::time::Instant::now(),
@@ -161,6 +185,14 @@ counters! {
     untrusted_headers,
 }
 
+/// Counter: failed handler attempts by error kind (`vhost`, `queue`, `kind`), one per
+/// retry or parking copy decided. `kind` is one the subscriber knows (rabbitkit's own, its
+/// registered error types', its declared ones) or [`OTHER_KIND`].
+pub(crate) const FAILURES: &str = "rabbitkit_failures_total";
+/// The `kind` of `rabbitkit_failures_total` for a kind the subscriber does not know (a
+/// custom classifier's, an undeclared ad-hoc one): the label's values stay bounded.
+pub(crate) const OTHER_KIND: &str = "other";
+
 /// Gauge: deliveries received and not yet settled, per subscriber.
 pub const IN_FLIGHT: &str = "rabbitkit_in_flight";
 /// Histogram: handler run time in seconds, per subscriber.
@@ -204,7 +236,7 @@ pub(crate) fn describe() {
         ),
         (
             "rabbitkit_parked_total",
-            "Parking copies confirmed, by reason (max-attempts, permanent, decode, handler).",
+            "Parking copies confirmed, by reason (max-attempts, permanent, decode, handler, requeue-limit, unpublishable, bad-signature).",
         ),
         (
             "rabbitkit_requeued_total",
@@ -239,6 +271,11 @@ pub(crate) fn describe() {
     for (name, help) in counters {
         describe_counter!(name, Unit::Count, help);
     }
+    describe_counter!(
+        FAILURES,
+        Unit::Count,
+        "Failed handler attempts (a retry or parking copy decided), by error kind; kinds the subscriber does not know are `other`."
+    );
     describe_gauge!(
         IN_FLIGHT,
         Unit::Count,
@@ -340,6 +377,18 @@ impl Counters {
             .position(|r| *r == reason)
             .unwrap_or(0);
         self.parked_by_reason[i].increment(1);
+    }
+
+    /// A failed attempt of error kind `kind` (its retry or parking copy decided).
+    pub(crate) fn failed(&self, kind: &str) {
+        let counter = self
+            .failures_by_kind
+            .iter()
+            .find(|(k, _)| k == kind)
+            .or_else(|| self.failures_by_kind.last());
+        if let Some((_, counter)) = counter {
+            counter.increment(1);
+        }
     }
 
     pub(crate) fn handler_ran(&self, took: Duration) {

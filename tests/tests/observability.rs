@@ -171,6 +171,72 @@ async fn metrics_endpoint_reports_the_same_counts_as_the_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_are_counted_by_known_error_kind_and_a_manual_park_keeps_its_kind() {
+    use rabbitkit_core::extract::Body;
+    use rabbitkit_core::{Failure, Outcome, headers};
+    let vh = Broker::from_env().vhost("obs-kinds");
+    // `fraud` is declared, `mystery` is not: it is counted as `other`, so a handler cannot
+    // grow the label's values without bound.
+    let sub = Subscriber::new("orders", |a: Attempt, Body(body): Body| async move {
+        match &body[..] {
+            b"fraud" => Outcome::Park(Failure::new("fraud", "card flagged")),
+            b"mystery" => Outcome::Park(Failure::new("mystery", "who knows")),
+            b"flaky" if a.number == 1 => Outcome::Error("transient".into()),
+            _ => Outcome::Ack,
+        }
+    })
+    .kinds(["fraud"])
+    .retry(RetryPolicy::new([Duration::from_millis(200)]).max_attempts(3));
+    let w = start(&vh, sub).await;
+    let base = format!("http://{}", w.http_addr().unwrap());
+    for body in ["fraud", "mystery", "flaky", "fine"] {
+        vh.publish_raw("", "orders", body.as_bytes(), BasicProperties::default())
+            .await;
+    }
+    wait_until(WAIT, "every delivery settled", || async {
+        let s = w.stats("orders").unwrap();
+        (s.acked, s.retried, s.parked) == (5, 1, 2)
+    })
+    .await;
+    let (_, scrape) = http(&base, "GET", "/metrics", None);
+    let name = vh.name.as_str();
+    let failures = |kind: &str| {
+        sample_with(
+            &scrape,
+            "rabbitkit_failures_total",
+            name,
+            &format!(r#"kind="{kind}""#),
+        )
+    };
+    assert_eq!(failures("fraud"), Some(1.0), "{scrape}");
+    assert_eq!(failures("other"), Some(1.0), "{scrape}");
+    assert_eq!(failures("error"), Some(1.0), "{scrape}");
+    assert_eq!(
+        failures("decode"),
+        Some(0.0),
+        "known kinds from the start:\n{scrape}"
+    );
+    assert_eq!(failures("mystery"), None, "{scrape}");
+    assert_eq!(sample(&scrape, "rabbitkit_failures_total", name), Some(3.0));
+    assert_help_on_every_series(&scrape);
+    // The park reason says who decided (the handler); the error kind says what failed.
+    let parked = vh.get_all("orders.parking", 10).await;
+    let fraud = parked
+        .iter()
+        .find(|g| g.body == b"fraud")
+        .expect("fraud parked");
+    assert_eq!(
+        fraud.header_str(headers::PARK_REASON).as_deref(),
+        Some("handler")
+    );
+    assert_eq!(
+        fraud.header_str(headers::ERROR_KIND).as_deref(),
+        Some("fraud")
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn readyz_turns_unavailable_when_shutdown_starts() {
     let vh = Broker::from_env().vhost("obs-ready");
     let release = Arc::new(tokio::sync::Notify::new());

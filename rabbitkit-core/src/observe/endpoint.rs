@@ -261,7 +261,10 @@ impl Endpoint {
     /// Serves `endpoints` on `listener` until stopped.
     pub(crate) fn serve(listener: TcpListener, endpoints: HttpEndpoints) -> Self {
         let addr = listener.local_addr().ok();
-        tracing::info!(?addr, "metrics and health endpoint listening");
+        match addr {
+            Some(addr) => tracing::info!(%addr, "metrics and health endpoint listening"),
+            None => tracing::info!("metrics and health endpoint listening (address unknown)"),
+        }
         let task = tokio::spawn(serve(listener, endpoints));
         Self { addr, task }
     }

@@ -286,6 +286,7 @@ impl Worker {
             let counters = Arc::new(Counters::new(&Labels {
                 vhost: vhost.clone(),
                 queue: s.topology.queue.clone(),
+                kinds: s.kinds.metric_kinds(),
             }));
             let is_ready = Arc::new(AtomicBool::new(false));
             stats.insert(s.name.clone(), counters.clone());
