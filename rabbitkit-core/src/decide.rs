@@ -12,8 +12,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use crate::delivery::Delivery;
 use crate::envelope::Envelope;
 use crate::headers;
+use crate::kind::Classify;
 use crate::names;
-use crate::outcome::{Classify, ErrorClass, Failure, Outcome};
+use crate::outcome::{ErrorClass, Failure, Outcome};
 use crate::policy::{AckPolicy, ManualFallback};
 use crate::retry::{self, RetryPolicy, RetryStep};
 use crate::topology::QueueType;
@@ -447,7 +448,8 @@ fn now_millis() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::{DefaultClassifier, Permanent};
+    use crate::kind::DefaultClassifier;
+    use crate::outcome::Permanent;
 
     fn spec(policy: AckPolicy) -> SettleSpec {
         SettleSpec {

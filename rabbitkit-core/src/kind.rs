@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::error::BoxError;
-use crate::outcome::{Classify, ErrorClass, Permanent};
+use crate::outcome::{ErrorClass, Permanent};
 
 /// The kind of errors that say nothing of their own.
 pub const DEFAULT_KIND: &str = "error";
@@ -151,6 +151,46 @@ pub trait ErrorKind: std::error::Error + Send + Sync + 'static {
     /// Park at once, without retries (default: no).
     fn is_permanent(&self) -> bool {
         false
+    }
+}
+
+/// Decides whether a handler error is retryable or permanent.
+///
+/// The default ([`DefaultClassifier`]) treats every error as retryable except
+/// [`Permanent`]-wrapped ones: an unknown error must not skip the retries. Closures
+/// `Fn(&BoxError) -> ErrorClass` implement it too.
+pub trait Classify: Send + Sync + 'static {
+    /// Classifies `error`.
+    fn classify(&self, error: &BoxError) -> ErrorClass;
+
+    /// The kind recorded for `error` (evidence header, logs, replay filters) and used to
+    /// pick a [`RetryPolicy::on_kind`](crate::RetryPolicy::on_kind) policy. The default:
+    /// a [`Kinded`] in its chain, `timeout` for tower's `Elapsed`, else `error`.
+    fn kind(&self, error: &BoxError) -> Cow<'static, str> {
+        default_kind(error)
+    }
+}
+
+impl<F> Classify for F
+where
+    F: Fn(&BoxError) -> ErrorClass + Send + Sync + 'static,
+{
+    fn classify(&self, error: &BoxError) -> ErrorClass {
+        self(error)
+    }
+}
+
+/// Retryable unless the error (or one of its sources) is [`Permanent`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultClassifier;
+
+impl Classify for DefaultClassifier {
+    fn classify(&self, error: &BoxError) -> ErrorClass {
+        if chain(error.as_ref()).any(|e| e.is::<Permanent>()) {
+            ErrorClass::Permanent
+        } else {
+            ErrorClass::Retryable
+        }
     }
 }
 
@@ -390,6 +430,33 @@ mod tests {
     use super::*;
 
     #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct OuterPermanent(#[source] Permanent);
+
+    #[test]
+    fn unknown_errors_are_retryable_permanent_ones_park() {
+        let c = DefaultClassifier;
+        let e: BoxError = "db down".into();
+        assert_eq!(c.classify(&e), ErrorClass::Retryable);
+        let p: BoxError = Box::new(Permanent::new("bad order"));
+        assert_eq!(c.classify(&p), ErrorClass::Permanent);
+        let nested: BoxError = Box::new(OuterPermanent(Permanent::new("deep")));
+        assert_eq!(c.classify(&nested), ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn closures_classify() {
+        let c = |e: &BoxError| {
+            if e.to_string().contains("400") {
+                ErrorClass::Permanent
+            } else {
+                ErrorClass::Retryable
+            }
+        };
+        assert_eq!(c.classify(&"http 400".into()), ErrorClass::Permanent);
+    }
+
+    #[derive(Debug, thiserror::Error)]
     enum Shop {
         #[error("out of stock")]
         Stock,
@@ -416,7 +483,7 @@ mod tests {
 
     fn kinds() -> KindsOf<Shop> {
         KindsOf {
-            inner: std::sync::Arc::new(crate::outcome::DefaultClassifier),
+            inner: std::sync::Arc::new(DefaultClassifier),
             _e: PhantomData,
         }
     }
@@ -454,7 +521,7 @@ mod tests {
             .err()
             .map(Into::into)
             .unwrap_or_else(|| "".into());
-        let c = crate::outcome::DefaultClassifier;
+        let c = DefaultClassifier;
         assert_eq!(c.classify(&e), ErrorClass::Permanent);
     }
 

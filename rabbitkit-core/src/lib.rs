@@ -23,6 +23,7 @@ pub mod outcome;
 pub mod parking;
 pub mod policy;
 pub mod publisher;
+mod queue_type;
 mod requeues;
 pub mod retry;
 mod run;
@@ -43,10 +44,9 @@ pub use connection::{ConnectionConfig, NodeOrder, TlsConfig};
 pub use delivery::Delivery;
 pub use envelope::Envelope;
 pub use error::{BoxError, Error, Result};
+pub use kind::{Classify, DefaultClassifier};
 pub use manual::Settle;
-pub use outcome::{
-    Classify, DefaultClassifier, ErrorClass, Failure, IntoOutcome, Outcome, Permanent,
-};
+pub use outcome::{ErrorClass, Failure, IntoOutcome, Outcome, Permanent};
 pub use parking::{ParkedMessage, Parking, ReplayOptions, ReplayReport};
 pub use policy::{AckPolicy, ManualFallback};
 pub use publisher::{PendingConfirm, PublishOutcome, Publisher, PublisherConfig, PublisherStats};

@@ -170,47 +170,6 @@ pub enum ErrorClass {
     Permanent,
 }
 
-/// Decides whether a handler error is retryable or permanent.
-///
-/// The default ([`DefaultClassifier`]) treats every error as retryable except
-/// [`Permanent`]-wrapped ones: an unknown error must not skip the retries. Closures
-/// `Fn(&BoxError) -> ErrorClass` implement it too.
-pub trait Classify: Send + Sync + 'static {
-    /// Classifies `error`.
-    fn classify(&self, error: &BoxError) -> ErrorClass;
-
-    /// The kind recorded for `error` (evidence header, logs, replay filters) and used to
-    /// pick a [`RetryPolicy::on_kind`](crate::RetryPolicy::on_kind) policy. The default:
-    /// a [`Kinded`](crate::kind::Kinded) in its chain, `timeout` for tower's `Elapsed`,
-    /// else `error`.
-    fn kind(&self, error: &BoxError) -> Cow<'static, str> {
-        crate::kind::default_kind(error)
-    }
-}
-
-impl<F> Classify for F
-where
-    F: Fn(&BoxError) -> ErrorClass + Send + Sync + 'static,
-{
-    fn classify(&self, error: &BoxError) -> ErrorClass {
-        self(error)
-    }
-}
-
-/// Retryable unless the error (or one of its sources) is [`Permanent`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DefaultClassifier;
-
-impl Classify for DefaultClassifier {
-    fn classify(&self, error: &BoxError) -> ErrorClass {
-        if crate::kind::chain(error.as_ref()).any(|e| e.is::<Permanent>()) {
-            ErrorClass::Permanent
-        } else {
-            ErrorClass::Retryable
-        }
-    }
-}
-
 /// Anything a handler may return.
 pub trait IntoOutcome {
     /// Converts into an outcome.
@@ -249,29 +208,6 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("outer")]
     struct Outer(#[source] Permanent);
-
-    #[test]
-    fn unknown_errors_are_retryable_permanent_ones_park() {
-        let c = DefaultClassifier;
-        let e: BoxError = "db down".into();
-        assert_eq!(c.classify(&e), ErrorClass::Retryable);
-        let p: BoxError = Box::new(Permanent::new("bad order"));
-        assert_eq!(c.classify(&p), ErrorClass::Permanent);
-        let nested: BoxError = Box::new(Outer(Permanent::new("deep")));
-        assert_eq!(c.classify(&nested), ErrorClass::Permanent);
-    }
-
-    #[test]
-    fn closures_classify() {
-        let c = |e: &BoxError| {
-            if e.to_string().contains("400") {
-                ErrorClass::Permanent
-            } else {
-                ErrorClass::Retryable
-            }
-        };
-        assert_eq!(c.classify(&"http 400".into()), ErrorClass::Permanent);
-    }
 
     #[test]
     fn results_become_outcomes() {

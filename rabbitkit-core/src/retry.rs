@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::kind::KindPolicy;
-use crate::topology::QueueType;
+use crate::queue_type::QueueType;
 
 /// How a failing message is retried.
 ///

@@ -13,7 +13,8 @@ use crate::delivery::{Delivery, Extensions};
 use crate::error::BoxError;
 use crate::extract::Requirements;
 use crate::handler::{Handler, handler_service};
-use crate::outcome::{Classify, DefaultClassifier, Outcome};
+use crate::kind::{Classify, DefaultClassifier};
+use crate::outcome::Outcome;
 use crate::policy::{AckPolicy, ManualFallback};
 use crate::retry::RetryPolicy;
 use crate::topology::{Binding, QueueType, Topology, TopologyMode};
@@ -619,7 +620,7 @@ mod tests {
         assert!(sub().kinds(["card"]).validate().is_ok(), "declared ad hoc");
         assert!(
             sub()
-                .classifier(crate::outcome::DefaultClassifier)
+                .classifier(crate::kind::DefaultClassifier)
                 .validate()
                 .is_ok(),
             "a custom classifier's kinds are its own"

@@ -326,12 +326,3 @@ impl Inbox {
         &self.inner.sql
     }
 }
-
-impl crate::worker::Worker {
-    /// The Postgres inbox of this worker's [`AckPolicy::Transactional`](crate::AckPolicy::Transactional)
-    /// subscribers (feature `postgres`). Stored as worker state, so the [`Tx`] extractor's
-    /// requirement is checked at start.
-    pub fn postgres(self, inbox: Inbox) -> Self {
-        self.state(inbox)
-    }
-}

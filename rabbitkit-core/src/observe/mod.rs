@@ -22,6 +22,7 @@
 //! [`WorkerHandle::http_service`](crate::WorkerHandle::http_service)) to mount into an
 //! axum or hyper server of your own.
 
+pub(crate) mod context;
 pub(crate) mod depth;
 pub(crate) mod log;
 #[cfg(feature = "otel")]
@@ -32,7 +33,7 @@ pub use crate::stats::{
     CONFIRM_LATENCY, CONNECT_FAILURES, CONNECTION_LOST, CONNECTION_UP, CONNECTS, CONSUMED_MESSAGES,
     COUNTER_NAMES, HANDLER_DURATION, IN_FLIGHT, PARKING_DEPTH, PROCESS_DURATION,
 };
-pub use span::TraceContext;
+pub use context::TraceContext;
 
 /// The W3C trace-context headers.
 pub(crate) const TRACEPARENT: &str = "traceparent";

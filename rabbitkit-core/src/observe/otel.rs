@@ -19,7 +19,7 @@ use std::str::FromStr;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::span::TraceContext;
+use super::context::TraceContext;
 use super::{TRACEPARENT, TRACESTATE};
 use crate::delivery::Delivery;
 use crate::envelope::Envelope;
@@ -102,7 +102,7 @@ pub(crate) fn send_span(envelope: &Envelope) -> tracing::Span {
         messaging.rabbitmq.destination.routing_key = envelope.routing_key(),
         messaging.message.id = props.message_id().as_ref().map_or("", |m| m.as_str()),
         messaging.message.conversation_id = props.correlation_id().as_ref().map_or("", |c| c.as_str()),
-        messaging.message.body.size = super::span::int(envelope.body().len()),
+        messaging.message.body.size = super::context::int(envelope.body().len()),
         error.type = tracing::field::Empty,
         rabbitkit.publish.outcome = tracing::field::Empty,
     )

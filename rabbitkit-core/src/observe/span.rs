@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use super::context::{TraceContext, int};
 use crate::decide::{Decision, SettleSpec};
 use crate::delivery::Delivery;
 
@@ -20,21 +21,6 @@ pub(crate) struct SpanInfo {
     /// How the producer's context is attached to the process span.
     #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub(crate) trace_context: TraceContext,
-}
-
-/// How a consumer's `process` span relates to the context of the producer that sent the
-/// message (read from its `traceparent` / `tracestate` headers).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TraceContext {
-    /// The process span starts a trace of its own and **links** to the producer's span,
-    /// as the OpenTelemetry messaging conventions recommend (a batch, a retry or a replay
-    /// may be processed long after it was sent).
-    #[default]
-    Link,
-    /// The process span is a **child** of the producer's span (one trace from publish to
-    /// settlement), and links to it too.
-    Parent,
 }
 
 impl SpanInfo {
@@ -99,12 +85,6 @@ pub(crate) fn process(
     #[cfg(feature = "otel")]
     super::otel::attach_producer(&span, delivery, info.trace_context);
     span
-}
-
-/// An integer attribute as `i64`: `tracing-opentelemetry` exports unsigned fields as
-/// strings, and the conventions want integers.
-pub(crate) fn int(n: impl TryInto<i64>) -> i64 {
-    n.try_into().unwrap_or(i64::MAX)
 }
 
 /// Records the decision on the current process span; a failure sets `error.type` and

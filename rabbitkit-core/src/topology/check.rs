@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ErrorKind, ExchangeKind};
+use lapin::{Connection, ExchangeKind};
 
+use super::reply::{reply_code, reply_text};
 use super::{QueueType, Topology, TopologyMode, exchange_kind};
 use crate::connection::{ConnectionConfig, Connector};
 use crate::error::{Error, Result};
@@ -352,20 +353,6 @@ async fn declare(
         let _ = ch.close(200, "rabbitkit topology check".into()).await;
     }
     Ok(r)
-}
-
-pub(super) fn reply_code(e: &lapin::Error) -> Option<u16> {
-    match e.kind() {
-        ErrorKind::ProtocolError(a) => Some(a.get_id()),
-        _ => None,
-    }
-}
-
-pub(super) fn reply_text(e: &lapin::Error) -> String {
-    match e.kind() {
-        ErrorKind::ProtocolError(a) => a.get_message().to_string(),
-        _ => e.to_string(),
-    }
 }
 
 /// `durable queue with x-queue-type = "quorum", x-delivery-limit = 20`.

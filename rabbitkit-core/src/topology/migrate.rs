@@ -521,14 +521,7 @@ pub(super) async fn queue_messages(conn: &Connection, queue: &str) -> Result<Opt
             let _ = ch.close(200, "rabbitkit topology migrate".into()).await;
             Ok(Some(q.message_count()))
         }
-        Err(e) if reply_code(&e) == Some(404) => Ok(None),
+        Err(e) if super::reply::reply_code(&e) == Some(404) => Ok(None),
         Err(e) => Err(Error::amqp(e)),
-    }
-}
-
-fn reply_code(e: &lapin::Error) -> Option<u16> {
-    match e.kind() {
-        lapin::ErrorKind::ProtocolError(a) => Some(a.get_id()),
-        _ => None,
     }
 }

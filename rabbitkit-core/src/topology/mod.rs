@@ -33,6 +33,7 @@ mod migrate;
 mod parking;
 mod parking_migrate;
 mod prune;
+mod reply;
 mod verify;
 
 use crate::connection::ConnectionConfig;
@@ -48,16 +49,7 @@ pub use parking_migrate::{ParkingMigration, ParkingMigrationReport};
 pub use prune::{PruneOutcome, delete_if_empty, unused_tiers};
 pub(crate) use verify::Site;
 
-/// Classic or quorum: the type of a work queue, or of the delay tiers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum QueueType {
-    /// A durable classic queue.
-    #[default]
-    Classic,
-    /// A quorum queue (replicated; delivery-limit; at-least-once dead-lettering).
-    Quorum,
-}
+pub use crate::queue_type::QueueType;
 
 /// A binding of the work queue to an exchange.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -363,7 +355,7 @@ impl Topology {
                 .queue_declare(self.queue.as_str().into(), wopts, FieldTable::default())
                 .await
                 .map_err(|e| match mode {
-                    TopologyMode::Adopt if check::reply_code(&e) == Some(404) => {
+                    TopologyMode::Adopt if reply::reply_code(&e) == Some(404) => {
                         Error::Topology(format!(
                             "adopt mode takes a work queue that exists, and {:?} does not \
                              (mode declare creates it)",
@@ -481,11 +473,11 @@ impl Topology {
                 queue: parking,
                 source: Box::new(e),
             }),
-            Ok(Err(e)) if !passive && check::reply_code(&e) == Some(406) => {
+            Ok(Err(e)) if !passive && reply::reply_code(&e) == Some(406) => {
                 Err(Error::ParkingUnavailable {
                     source: Box::new(parking::OtherParkingQueue {
                         queue: parking.clone(),
-                        broker: check::reply_text(&e),
+                        broker: reply::reply_text(&e),
                     }),
                     queue: parking,
                 })

@@ -102,7 +102,7 @@ impl Topology {
                 let _ = ch.close(200, "rabbitkit parking check".into()).await;
                 return;
             }
-            Ok(Err(e)) if super::check::reply_code(&e) == Some(406) => super::check::reply_text(&e),
+            Ok(Err(e)) if super::reply::reply_code(&e) == Some(406) => super::reply::reply_text(&e),
             // Unavailable or not answering: the apply step already said so.
             Ok(Err(_)) | Err(_) => return,
         };

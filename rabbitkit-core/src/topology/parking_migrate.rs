@@ -24,7 +24,7 @@ use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 
 use super::migrate::{channel, drain, queue_messages};
 use super::parking::parking_arguments;
-use super::{QueueType, Topology, check};
+use super::{QueueType, Topology, reply};
 use crate::connection::{ConnectionConfig, Connector};
 use crate::error::{Error, Result};
 
@@ -251,15 +251,15 @@ async fn empty_old_queue(
                 return Ok(Ok(()));
             }
             // 406: a message was parked after the move; the channel is closed.
-            Err(e) if check::reply_code(&e) == Some(406) => {
-                why = format!("not empty when deleted: {}", check::reply_text(&e));
+            Err(e) if reply::reply_code(&e) == Some(406) => {
+                why = format!("not empty when deleted: {}", reply::reply_text(&e));
             }
             // A quorum queue of other arguments cannot be deleted only if empty (540).
             Err(e) => {
                 return Ok(Err(format!(
                     "{parking:?} could not be deleted only if empty: {}; its messages are in \
                      {holding:?}",
-                    check::reply_text(&e)
+                    reply::reply_text(&e)
                 )));
             }
         }
@@ -289,7 +289,7 @@ async fn declare_quorum(conn: &Connection, queue: &str) -> Result<std::result::R
             let _ = ch.close(200, CLOSING.into()).await;
             Ok(Ok(()))
         }
-        Err(e) if check::reply_code(&e) == Some(406) => Ok(Err(check::reply_text(&e))),
+        Err(e) if reply::reply_code(&e) == Some(406) => Ok(Err(reply::reply_text(&e))),
         Err(e) => Err(super::declare_err(format!("parking queue {queue:?}"), e)),
     }
 }

@@ -96,8 +96,8 @@ impl Topology {
                     .await
                 {
                     Ok(_) => (None, None),
-                    Err(e) if super::check::reply_code(&e) == Some(406) => {
-                        let text = super::check::reply_text(&e);
+                    Err(e) if super::reply::reply_code(&e) == Some(406) => {
+                        let text = super::reply::reply_text(&e);
                         (Some(from_refusal(&text)), None)
                     }
                     Err(e) => return Err(declare_err(format!("work queue {:?}", self.queue), e)),

@@ -70,6 +70,15 @@ impl Worker {
         }
     }
 
+    /// The Postgres inbox of this worker's
+    /// [`AckPolicy::Transactional`](crate::AckPolicy::Transactional) subscribers (feature
+    /// `postgres`). Stored as worker state, so the [`Tx`](crate::inbox::Tx) extractor's
+    /// requirement is checked at start.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(self, inbox: crate::inbox::Inbox) -> Self {
+        self.state(inbox)
+    }
+
     /// How rabbitkit's own attempt and route headers are signed and checked
     /// ([`HeaderTrust`](crate::trust::HeaderTrust)). Without this call the worker reads
     /// [`HeaderTrust::from_env`](crate::trust::HeaderTrust::from_env) (`RABBITKIT_HEADER_KEY`,
