@@ -31,24 +31,25 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 use foldhash::fast::RandomState;
 use futures_util::FutureExt;
 use futures_util::task::AtomicWaker;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, ShortString};
 use lapin::{Channel, Confirmation, PublisherConfirm};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::{Instant, Sleep};
 
+use super::reply::{BatchSink, BlockWatch, Job, LaneMsg, Reply};
 use super::{PublishOutcome, Shared};
 use crate::connection::Conn;
 use crate::envelope::Prepared;
 use crate::error::{Error, Result};
 use crate::headers::PUBLISH_TOKEN;
+
+mod write;
 
 /// Loop turns a lane takes before it yields to the runtime.
 const BUDGET: usize = 128;
@@ -61,145 +62,6 @@ const BUDGET: usize = 128;
 pub(super) const TOKEN_ROOM: usize = 1 + PUBLISH_TOKEN.len() + 1 + 9 + 4;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// Where a publish's outcome goes.
-pub(super) enum Reply {
-    /// To the [`PendingConfirm`](super::PendingConfirm) of a `send`.
-    Task(oneshot::Sender<PublishOutcome>),
-    /// To the `publish_many` stream the publish belongs to.
-    Batch(BatchSlot),
-}
-
-impl Reply {
-    /// Hands `outcome` over; the stream's sink when it now owes its stream a wake-up (a
-    /// lane folds those into one per pass).
-    fn send(self, outcome: PublishOutcome) -> Option<Arc<BatchSink>> {
-        match self {
-            Reply::Task(tx) => {
-                let _ = tx.send(outcome);
-                None
-            }
-            Reply::Batch(mut slot) => slot.fill(outcome),
-        }
-    }
-
-    /// Hands `outcome` over now (outside a lane: no wake-up to fold).
-    pub(super) fn deliver(self, outcome: PublishOutcome) {
-        if let Some(sink) = self.send(outcome) {
-            sink.wake();
-        }
-    }
-}
-
-/// The outcomes of one `publish_many` stream, filled by the lanes, emptied by the stream.
-#[derive(Default)]
-pub(super) struct BatchSink {
-    outcomes: Mutex<VecDeque<(usize, PublishOutcome)>>,
-    stream: AtomicWaker,
-    /// A wake-up of the stream is owed (a lane wakes it once per pass, not per outcome).
-    owed: AtomicBool,
-    /// The stream is gone: outcomes are counted by the lanes, not kept.
-    dropped: AtomicBool,
-}
-
-impl BatchSink {
-    /// Registers the stream's waker, then moves every outcome filed so far into `out`.
-    pub(super) fn take(&self, cx: &Context<'_>, out: &mut VecDeque<(usize, PublishOutcome)>) {
-        self.stream.register(cx.waker());
-        out.append(&mut self.outcomes.lock().unwrap_or_else(|p| p.into_inner()));
-    }
-
-    /// The stream is dropped: stop keeping outcomes.
-    pub(super) fn close(&self) {
-        self.dropped.store(true, Ordering::Release);
-        self.outcomes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-    }
-
-    fn wake(&self) {
-        // AcqRel: the outcomes of lanes that found the wake-up owed are seen by the stream.
-        self.owed.swap(false, Ordering::AcqRel);
-        self.stream.wake();
-    }
-}
-
-/// One publish's place in its `publish_many` stream. Dropped unfilled (its lane's task
-/// ended with the runtime), it files a `Failed` outcome, as a dropped oneshot fails a
-/// [`PendingConfirm`](super::PendingConfirm).
-pub(super) struct BatchSlot {
-    index: usize,
-    sink: Option<Arc<BatchSink>>,
-    /// The publish's `send` span, closed with its outcome.
-    #[cfg(feature = "otel")]
-    span: tracing::Span,
-}
-
-impl BatchSlot {
-    pub(super) fn new(
-        index: usize,
-        sink: Arc<BatchSink>,
-        #[cfg(feature = "otel")] span: tracing::Span,
-    ) -> Self {
-        Self {
-            index,
-            sink: Some(sink),
-            #[cfg(feature = "otel")]
-            span,
-        }
-    }
-
-    /// Files `outcome` (once: the slot is empty afterwards); the sink when it now owes its
-    /// stream a wake-up.
-    fn fill(&mut self, outcome: PublishOutcome) -> Option<Arc<BatchSink>> {
-        #[cfg(feature = "otel")]
-        crate::observe::otel::sent(&self.span, &outcome);
-        let sink = self.sink.take()?;
-        if sink.dropped.load(Ordering::Acquire) {
-            return None;
-        }
-        sink.outcomes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back((self.index, outcome));
-        (!sink.owed.swap(true, Ordering::AcqRel)).then_some(sink)
-    }
-}
-
-impl Drop for BatchSlot {
-    fn drop(&mut self) {
-        if self.sink.is_some() {
-            let failed = PublishOutcome::Failed(Error::Amqp(
-                "publisher task ended (runtime shut down)".into(),
-            ));
-            if let Some(sink) = self.fill(failed) {
-                sink.wake();
-            }
-        }
-    }
-}
-
-/// What a lane's queue carries: one publish (`send`) or a stream's pass (`publish_many`).
-// A `Job` is carried inline, as before there were passes: boxing it would cost `send` an
-// allocation per publish, and the queue's blocks hold a message in place either way.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum LaneMsg {
-    One(Job),
-    Many(Vec<Job>),
-}
-
-/// One publish handed to a lane. It holds its window slot until its outcome is reported.
-pub(super) struct Job {
-    pub(super) prepared: Prepared,
-    pub(super) permit: OwnedSemaphorePermit,
-    pub(super) reply: Reply,
-    pub(super) started: Instant,
-    pub(super) deadline: Instant,
-    /// The lane's connection when the lane took the job: a job that times out before it
-    /// is written reports whether that connection was blocked while it waited.
-    pub(super) blocks_before: Option<BlockWatch>,
-}
 
 /// Publishes that woke their waker since the lane last looked.
 #[derive(Default)]
@@ -240,28 +102,6 @@ impl Wake for SeqWaker {
     }
 }
 
-/// Whether a connection was blocked by a resource alarm at some point since the watch
-/// began: blocked then, blocked now, or blocked (and unblocked) in between.
-pub(super) struct BlockWatch {
-    conn: Arc<Conn>,
-    blocks: u64,
-    blocked_then: bool,
-}
-
-impl BlockWatch {
-    fn new(conn: Arc<Conn>) -> Self {
-        Self {
-            blocks: conn.block_count(),
-            blocked_then: conn.is_blocked(),
-            conn,
-        }
-    }
-
-    fn seen_blocked(&self) -> bool {
-        self.blocked_then || self.conn.is_blocked() || self.conn.block_count() != self.blocks
-    }
-}
-
 /// What a return is filed under: the channel's epoch, the message id's hash (see
 /// [`Lane::id_hash`]), the publish token (0 when the publish carried none).
 ///
@@ -280,30 +120,6 @@ fn token_of(properties: &lapin::BasicProperties) -> u64 {
         Some(AMQPValue::LongLongInt(v)) => u64::try_from(*v).unwrap_or(0),
         _ => 0,
     }
-}
-
-/// `properties` with the publish token set to `token`, or removed when `token` is 0.
-fn with_token(properties: lapin::BasicProperties, token: u64) -> lapin::BasicProperties {
-    let present = properties
-        .headers()
-        .as_ref()
-        .is_some_and(|h| h.contains_key(PUBLISH_TOKEN));
-    if token == 0 && !present {
-        return properties;
-    }
-    let mut map = properties
-        .headers()
-        .as_ref()
-        .map(|h| h.inner().clone())
-        .unwrap_or_default();
-    if token == 0 {
-        map.remove(PUBLISH_TOKEN);
-    } else {
-        // Tokens are lane sequence numbers: far below i64::MAX.
-        let value = i64::try_from(token).unwrap_or(i64::MAX);
-        map.insert(PUBLISH_TOKEN.into(), AMQPValue::LongLongInt(value));
-    }
-    properties.with_headers(FieldTable::from(map))
 }
 
 /// A publish written (or being written) on a channel.
@@ -871,272 +687,6 @@ impl Lane {
         true
     }
 
-    fn close_channel(&mut self) {
-        let unwritten = self.take_writes(self.epoch);
-        self.close_channel_after(unwritten);
-    }
-
-    /// Stops following the unfinished writes on the channel of `epoch`; returns the last
-    /// one's future unless it is written already (frames are written in order: once the
-    /// last is written, all are).
-    fn take_writes(&mut self, epoch: u64) -> Option<BoxFuture<lapin::Result<PublisherConfirm>>> {
-        let (mine, others): (VecDeque<Writing>, VecDeque<Writing>) =
-            std::mem::take(&mut self.writing)
-                .into_iter()
-                .partition(|w| w.epoch == epoch);
-        self.writing = others;
-        // The last write that queued frames (one that failed at once queued none): once it
-        // is written, all before it are.
-        mine.into_iter()
-            .rev()
-            .find(|w| !matches!(w.done, Some(Err(_))))
-            .filter(|w| w.done.is_none())
-            .map(|w| w.fut)
-    }
-
-    /// Closes the current channel once `unwritten` (the channel's last publish, still queued
-    /// in lapin) is written. lapin sends a `channel.close` ahead of queued publish frames; a
-    /// publish that reaches the broker after the close is a connection error
-    /// (`CHANNEL_ERROR - expected 'channel.open'`) that fails every other publish on the
-    /// connection. Publish frames leave in order, so the last one written means all are.
-    fn close_channel_after(
-        &mut self,
-        unwritten: Option<BoxFuture<lapin::Result<PublisherConfirm>>>,
-    ) {
-        if let Chan::Open(open) = std::mem::replace(&mut self.chan, Chan::None)
-            && open.channel.status().connected()
-        {
-            tokio::spawn(async move {
-                if let Some(write) = unwritten {
-                    // Resolves once written, or fails with the connection: never hangs past it.
-                    let _ = write.await;
-                }
-                let close = open
-                    .channel
-                    .close(200, "rabbitkit: channel recycled".into());
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), close).await;
-            });
-        }
-    }
-
-    /// Opens a channel, or hands every waiting publish to lapin, when there is work and
-    /// nothing in the way.
-    ///
-    /// Many publishes are handed over before the first is written, so lapin writes them in
-    /// one go. Each is handed over whole before the next: the first poll of
-    /// `basic_publish` takes the publish's delivery tag and queues its frames together, with
-    /// no await in between (lapin 4.12 `Channel::basic_publish` →
-    /// `send_method_frame_with_body`), and this lane is the only publisher on its channel,
-    /// so tags follow the order of the frames on the wire.
-    fn start_work(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut progress = false;
-        if let Chan::Open(open) = &self.chan
-            && (!open.channel.status().connected() || !open.conn.is_usable())
-        {
-            if let Chan::Open(open) = std::mem::replace(&mut self.chan, Chan::None)
-                && self.has_unreported(Some(open.epoch))
-            {
-                self.old.push(open);
-            }
-            self.epoch += 1;
-            self.tainted = false;
-            progress = true;
-        }
-        if !self.old.is_empty() {
-            let entries = &self.entries;
-            self.old
-                .retain(|o| entries.values().any(|e| e.epoch == o.epoch));
-        }
-        // A write still pending on an earlier channel finishes (or fails) first.
-        if self.tainted || self.writing.back().is_some_and(|w| w.epoch != self.epoch) {
-            return progress;
-        }
-        let Some(front) = self.backlog.front() else {
-            return progress;
-        };
-        match &self.chan {
-            Chan::Opening(_) => progress,
-            Chan::None => {
-                let shared = self.shared.clone();
-                let deadline = front.deadline;
-                self.chan = Chan::Opening(Box::pin(tokio::time::timeout_at(
-                    deadline,
-                    open_channel(shared, deadline, self.last_conn.clone()),
-                )));
-                true
-            }
-            Chan::Open(_) => self.start_writes(cx) || progress,
-        }
-    }
-
-    /// Hands every waiting publish to lapin on the open channel, in three steps, so that
-    /// lapin's I/O thread, woken by the first publish, finds the others queued too and
-    /// writes them in one go (docs/PROFILE.md, sixth pass):
-    ///
-    /// 1. each publish gets its sequence number and [`Key`] (a token when its id's hash is
-    ///    taken on the channel);
-    /// 2. the publishes are handed to lapin back to back, nothing else in between: the
-    ///    first poll of each takes its delivery tag and queues its frames, and this lane is
-    ///    the only publisher on its channel, so the tags follow the order of the frames. It
-    ///    stops at a channel or connection that is closing, and after a publish that fails
-    ///    at once (the next one would too);
-    /// 3. each publish handed over gets its entry; the others go back, in order, to wait
-    ///    for the next channel, their keys released.
-    ///
-    /// False when nothing was handed over or put back.
-    fn start_writes(&mut self, cx: &mut Context<'_>) -> bool {
-        let Chan::Open(open) = &self.chan else {
-            return false;
-        };
-        if self.backlog.is_empty() || !open.channel.status().connected() || !open.conn.is_usable() {
-            return false;
-        }
-        let (channel, conn, epoch) = (open.channel.clone(), open.conn.clone(), open.epoch);
-        let mut staged = std::mem::take(&mut self.staged);
-        // What one content-header frame of this connection holds. An envelope was measured
-        // against the frame the publisher knew when it was prepared; one prepared before
-        // the first connection, or for a node of another `frame_max`, may not fit this
-        // one. Written anyway, the broker would close the connection (`FRAME_ERROR`) and
-        // fail every publish in flight on it: it is refused here instead, unsent.
-        let frame_max = conn.conn.configuration().frame_max();
-        let room = usize::try_from(frame_max)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(super::HEADER_FRAME_OVERHEAD);
-        let mut refused = Vec::new();
-        // 1. Keys.
-        while let Some(job) = self.backlog.pop_front() {
-            if job.prepared.properties_size + TOKEN_ROOM > room {
-                let size = job.prepared.properties_size + TOKEN_ROOM;
-                refused.push((job, size));
-                continue;
-            }
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let id = self.id_hash(job.prepared.properties.message_id().as_ref());
-            let mut key = (epoch, id, 0);
-            if self.ids.contains(&key) {
-                // The id awaits a confirm on this channel already: a token unique on the
-                // channel tells the two apart should one be returned.
-                key.2 = seq + 1;
-            }
-            self.ids.insert(key);
-            let mut p = job.prepared;
-            // Only a mandatory publish can come back; any other sheds a stale token.
-            p.properties = with_token(p.properties, if p.mandatory { key.2 } else { 0 });
-            staged.push(Staged {
-                seq,
-                key,
-                prepared: Some(p),
-                permit: job.permit,
-                reply: job.reply,
-                started: job.started,
-                deadline: job.deadline,
-                blocks_before: job.blocks_before,
-                write: None,
-                done: None,
-            });
-        }
-        // 2. Hand-over.
-        for st in staged.iter_mut() {
-            let Some(p) = st.prepared.take() else {
-                break;
-            };
-            if !channel.status().connected() || !conn.is_usable() {
-                st.prepared = Some(p);
-                break;
-            }
-            let channel = channel.clone();
-            let opts = BasicPublishOptions {
-                mandatory: p.mandatory,
-                immediate: false,
-            };
-            let mut write: BoxFuture<lapin::Result<PublisherConfirm>> = Box::pin(async move {
-                channel
-                    .basic_publish(p.exchange, p.routing_key, opts, &p.body, p.properties)
-                    .await
-            });
-            let failed = match write.as_mut().poll(cx) {
-                Poll::Ready(result) => {
-                    let failed = result.is_err();
-                    st.done = Some(result);
-                    failed
-                }
-                Poll::Pending => false,
-            };
-            st.write = Some(write);
-            if failed {
-                break;
-            }
-        }
-        // 3. Entries; what was not handed over goes back.
-        let mut handed = false;
-        let mut back = Vec::new();
-        for st in staged.drain(..) {
-            let Some(write) = st.write else {
-                self.ids.remove(&st.key);
-                if let Some(prepared) = st.prepared {
-                    back.push(Job {
-                        prepared,
-                        permit: st.permit,
-                        reply: st.reply,
-                        started: st.started,
-                        deadline: st.deadline,
-                        blocks_before: st.blocks_before,
-                    });
-                }
-                continue;
-            };
-            handed = true;
-            let seq = st.seq;
-            self.entries.insert(
-                seq,
-                Entry {
-                    epoch,
-                    id: (st.key.1, st.key.2),
-                    started: st.started,
-                    deadline: st.deadline,
-                    watch: BlockWatch::new(conn.clone()),
-                    reply: Some((st.reply, st.permit)),
-                    confirm: None,
-                    waker: Waker::from(Arc::new(SeqWaker {
-                        seq,
-                        wakes: self.wakes.clone(),
-                    })),
-                },
-            );
-            self.shared
-                .counters
-                .unconfirmed
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.deadlines.insert((st.deadline, seq));
-            self.writing.push_back(Writing {
-                seq,
-                epoch,
-                fut: write,
-                done: st.done,
-            });
-        }
-        let refused_any = !refused.is_empty();
-        for (job, size) in refused {
-            let error = Error::InvalidHeader {
-                name: "(all headers)".into(),
-                reason: format!(
-                    "properties take about {size} bytes, over the {room}-byte content-header \
-                     frame of this connection (frame_max {frame_max}); not sent"
-                ),
-            };
-            tracing::warn!(error = %error, "publish refused: its properties do not fit this connection's frame");
-            self.reply_unwritten(job, PublishOutcome::Failed(error));
-        }
-        // Put back: progress too, so the next turn sees the closing channel and moves on.
-        let put_back = !back.is_empty() || refused_any;
-        for job in back.into_iter().rev() {
-            self.backlog.push_front(job);
-        }
-        self.staged = staged;
-        handed || put_back
-    }
-
     /// The hash a message id is filed under (no id and an empty one hash alike, as they
     /// did as strings).
     fn id_hash(&self, id: Option<&ShortString>) -> u64 {
@@ -1166,23 +716,4 @@ impl Lane {
         }
         false
     }
-}
-
-async fn open_channel(
-    shared: Arc<Shared>,
-    deadline: Instant,
-    seen: Arc<Mutex<Option<Arc<Conn>>>>,
-) -> Result<(Arc<Conn>, Channel)> {
-    let conn = shared
-        .connector
-        .get(deadline.saturating_duration_since(Instant::now()))
-        .await?;
-    *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
-    shared.learn(&conn);
-    let channel = conn.conn.create_channel().await.map_err(Error::amqp)?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .map_err(Error::amqp)?;
-    Ok((conn, channel))
 }

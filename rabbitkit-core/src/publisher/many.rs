@@ -22,7 +22,7 @@ use futures_util::Stream;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
-use super::lane::{BatchSink, BatchSlot, Job, Reply};
+use super::reply::{BatchSink, BatchSlot, Job, Reply};
 use super::{Inner, PublishOutcome};
 use crate::envelope::{Envelope, Prepared};
 use crate::error::{Error, Result};

@@ -19,6 +19,7 @@
 mod lane;
 mod many;
 mod outcome;
+mod reply;
 
 pub use outcome::PublishOutcome;
 
@@ -164,7 +165,7 @@ struct Inner {
     permits: Arc<Semaphore>,
     /// One sender per lane; a lane's task starts on the first publish it gets (a publisher
     /// can be built outside a runtime) and again if its runtime went away.
-    lanes: Box<[std::sync::Mutex<Option<mpsc::UnboundedSender<lane::LaneMsg>>>]>,
+    lanes: Box<[std::sync::Mutex<Option<mpsc::UnboundedSender<reply::LaneMsg>>>]>,
     next_lane: AtomicUsize,
 }
 
@@ -346,10 +347,10 @@ impl Publisher {
         shared.counters.sent.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let (reply, rx) = oneshot::channel();
-        self.inner.dispatch(lane::Job {
+        self.inner.dispatch(reply::Job {
             prepared,
             permit,
-            reply: lane::Reply::Task(reply),
+            reply: reply::Reply::Task(reply),
             started,
             deadline: started + shared.cfg.confirm_timeout,
             blocks_before: None,
@@ -416,16 +417,16 @@ impl Publisher {
 
 impl Inner {
     /// Hands `job` to the next lane, starting the lane's task if it is not running.
-    fn dispatch(&self, job: lane::Job) {
-        self.dispatch_msg(lane::LaneMsg::One(job));
+    fn dispatch(&self, job: reply::Job) {
+        self.dispatch_msg(reply::LaneMsg::One(job));
     }
 
     /// Hands a `publish_many` pass to the next lane in one message.
-    fn dispatch_many(&self, jobs: Vec<lane::Job>) {
-        self.dispatch_msg(lane::LaneMsg::Many(jobs));
+    fn dispatch_many(&self, jobs: Vec<reply::Job>) {
+        self.dispatch_msg(reply::LaneMsg::Many(jobs));
     }
 
-    fn dispatch_msg(&self, mut msg: lane::LaneMsg) {
+    fn dispatch_msg(&self, mut msg: reply::LaneMsg) {
         let i = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
         let mut slot = self.lanes[i].lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = slot.as_ref() {
@@ -438,8 +439,8 @@ impl Inner {
             Ok(handle) => handle,
             Err(_) => {
                 let jobs = match msg {
-                    lane::LaneMsg::One(job) => vec![job],
-                    lane::LaneMsg::Many(jobs) => jobs,
+                    reply::LaneMsg::One(job) => vec![job],
+                    reply::LaneMsg::Many(jobs) => jobs,
                 };
                 for job in jobs {
                     let outcome = PublishOutcome::Failed(Error::Config(
