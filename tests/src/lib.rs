@@ -12,6 +12,7 @@
 )]
 
 pub mod audit;
+pub mod logs;
 pub mod proxy;
 
 use std::future::Future;

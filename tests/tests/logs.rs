@@ -3,54 +3,16 @@
 //! nothing per message on the success path.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lapin::BasicProperties;
 use rabbitkit_core::extract::Json;
 use rabbitkit_core::headers::Attempt;
 use rabbitkit_core::{BoxError, ConnectionConfig, RetryPolicy, Subscriber, Worker};
+use rabbitkit_tests::logs::{capture, lines_with};
 use rabbitkit_tests::{Broker, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Everything logged in this test binary (one global subscriber: the worker's tasks run on
-/// many threads).
-fn captured() -> &'static Arc<Mutex<Vec<u8>>> {
-    static BUF: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    BUF.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let w = buf.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || Writer(w.clone()))
-            .init();
-        buf
-    })
-}
-
-struct Writer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Writer {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn lines_with(needle: &str) -> Vec<String> {
-    let buf = captured().lock().unwrap();
-    String::from_utf8_lossy(&buf)
-        .lines()
-        .filter(|l| l.contains(needle))
-        .map(str::to_owned)
-        .collect()
-}
 
 #[derive(serde::Deserialize)]
 struct Order {
@@ -65,7 +27,7 @@ fn props(id: &str) -> BasicProperties {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_failed_attempt_is_logged_once_with_what_happens_next() {
-    captured();
+    capture(tracing::Level::INFO);
     let vh = Broker::from_env().vhost("logs-failures");
     // Order 2 fails twice and parks (max 2 attempts); order 3 fails once, then succeeds
     // from the retry tier; order 1 succeeds; the last message does not decode.
@@ -177,7 +139,7 @@ async fn each_failed_attempt_is_logged_once_with_what_happens_next() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_straggler_cut_off_at_the_shutdown_deadline_is_logged_and_requeued() {
-    captured();
+    capture(tracing::Level::INFO);
     let vh = Broker::from_env().vhost("logs-straggler");
     let sub = Subscriber::new("stuck", || async {
         tokio::time::sleep(Duration::from_secs(60)).await;

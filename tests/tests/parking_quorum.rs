@@ -3,8 +3,6 @@
 //! `rabbitkit parking migrate` moves every parked message into the quorum one, unchanged.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lapin::BasicProperties;
@@ -12,45 +10,10 @@ use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
 use rabbitkit::cli::EXIT_OK;
 use rabbitkit_core::{BoxError, ConnectionConfig, Parking, RetryPolicy, Subscriber};
+use rabbitkit_tests::logs::{capture, lines_with};
 use rabbitkit_tests::{Broker, Got, Vhost, table, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Everything logged in this test binary.
-fn captured() -> &'static Arc<Mutex<Vec<u8>>> {
-    static BUF: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    BUF.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let w = buf.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || Writer(w.clone()))
-            .init();
-        buf
-    })
-}
-
-struct Writer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Writer {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn lines_with(needle: &str) -> Vec<String> {
-    let buf = captured().lock().unwrap();
-    String::from_utf8_lossy(&buf)
-        .lines()
-        .filter(|l| l.contains(needle))
-        .map(str::to_owned)
-        .collect()
-}
 
 /// A subscriber on `queue` whose handler always fails, with no retries: every message is
 /// parked at once (default topology: classic work queue, quorum tiers).
@@ -217,7 +180,7 @@ fn without_delivery_counts(mut g: Got) -> Got {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classic_parking_queue_of_the_previous_release_keeps_working_then_migrates_without_loss() {
-    captured();
+    capture(tracing::Level::INFO);
     let vh = Broker::from_env().vhost("park-migrate");
     // As the previous release declared it: classic, no arguments; holding what it parked.
     vh.declare_queue("orders.parking", FieldTable::default())

@@ -4,9 +4,8 @@
 //! capture is global, and other tests log warnings on purpose.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::io::Write;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lapin::BasicProperties;
@@ -15,44 +14,10 @@ use rabbitkit_core::extract::Body;
 use rabbitkit_core::{
     BoxError, ConnectionConfig, HeaderKeys, HeaderTrust, RetryPolicy, Subscriber, Worker,
 };
+use rabbitkit_tests::logs::{capture, take};
 use rabbitkit_tests::{Broker, Vhost, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Everything logged at WARN and above in this binary, lapin's own targets included.
-fn captured() -> &'static Arc<Mutex<Vec<u8>>> {
-    static BUF: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    BUF.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let w = buf.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || Writer(w.clone()))
-            .init();
-        buf
-    })
-}
-
-struct Writer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Writer {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// What was logged since the last call.
-fn take() -> String {
-    let mut buf = captured().lock().unwrap();
-    let s = String::from_utf8_lossy(&buf).into_owned();
-    buf.clear();
-    s
-}
 
 /// Starts a worker on `orders` (quorum tiers of 200 ms and 1 s, headers signed so the
 /// unsigned-headers warning does not apply), handles one message, shuts down; returns
@@ -97,7 +62,7 @@ async fn run_once(vh: &Vhost, management: Option<String>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_healthy_start_logs_nothing_above_info() {
-    captured();
+    capture(tracing::Level::WARN);
     let broker = Broker::from_env();
 
     // No management URL: the classic tiers of an earlier release are not probed over AMQP.
